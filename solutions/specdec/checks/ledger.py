@@ -1,0 +1,127 @@
+"""Hidden-test checks for notebook 01 (the cost ledger).
+
+Each ``check_<exercise>(fn)`` compares the learner's ``fn`` with the reference in
+:mod:`specdec.ledger` on the published models, edge cases and seeded random inputs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+from specdec import ledger
+from specdec.checks.core import compare_cases
+from specdec.mistakes.ledger import for_exercise
+from specdec.tables import ModelConfig, load_gpus, load_models
+
+_SEED = 2024
+
+
+def _describe(cfg: ModelConfig) -> str:
+    return (
+        f"{cfg.name}: vocab {cfg.vocab_size}, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+        f"{cfg.n_heads} heads, {cfg.n_kv_heads} KV heads, d_ff {cfg.d_ff}, "
+        f"{'tied' if cfg.tied_embeddings else 'untied'} embeddings"
+    )
+
+
+def _configs() -> Iterator[ModelConfig]:
+    yield from load_models().values()
+    rng = random.Random(_SEED)
+    for i in range(30):
+        n_kv = rng.choice([1, 2, 4, 8])
+        n_heads = n_kv * rng.choice([1, 2, 4])
+        head_dim = rng.choice([16, 32, 64, 128])
+        yield ModelConfig(
+            name=f"random-{i}",
+            vocab_size=rng.randint(100, 200_000),
+            d_model=n_heads * head_dim,
+            n_layers=rng.randint(1, 100),
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            d_ff=rng.randint(64, 50_000),
+            tied_embeddings=rng.random() < 0.5,
+        )
+
+
+def _model_cases() -> list[tuple[str, tuple]]:
+    return [(_describe(cfg), (cfg,)) for cfg in _configs()]
+
+
+def _hardware_cases() -> list[tuple[str, tuple]]:
+    """(n_params, bytes_per_param, bandwidth) over the model and GPU tables, plus random ones."""
+    cases = []
+    for model in load_models().values():
+        n = ledger.count_params(model)
+        for gpu in load_gpus().values():
+            for nbytes in (2, 1, 0.5):
+                cases.append((f"n_params={n}, bytes_per_param={nbytes}, bandwidth={gpu.bandwidth:g}", (n, nbytes, gpu.bandwidth)))
+    rng = random.Random(_SEED)
+    for _ in range(20):
+        n, nbytes, bw = rng.randint(1, 10**12), rng.choice([4, 2, 1, 0.5]), rng.uniform(1e9, 1e13)
+        cases.append((f"n_params={n}, bytes_per_param={nbytes}, bandwidth={bw:g}", (n, nbytes, bw)))
+    return cases
+
+
+def _rate_gamma_pairs() -> list[tuple[float, int]]:
+    pairs = [(a, g) for a in (0.0, 0.3, 0.5, 0.8, 0.9, 0.99, 1.0) for g in (0, 1, 2, 4, 8, 16)]
+    rng = random.Random(_SEED)
+    pairs += [(rng.random(), rng.randint(0, 40)) for _ in range(40)]
+    return pairs
+
+
+def check_count_params(fn: Callable) -> None:
+    """Published models (7B, 13B, 70B, GQA, tied embeddings) and 30 random configs."""
+    compare_cases(fn, ledger.count_params, _model_cases(), for_exercise("count_params"), rel=0.0, integer=True)
+
+
+def check_decode_floor(step_fn: Callable, cap_fn: Callable) -> None:
+    """decode_step_floor_s and tokens_per_s_cap over models x GPUs x precisions."""
+    cases = _hardware_cases()
+    compare_cases(step_fn, ledger.decode_step_floor_s, cases, for_exercise("decode_step_floor_s"))
+    compare_cases(cap_fn, ledger.tokens_per_s_cap, cases, for_exercise("tokens_per_s_cap"))
+
+
+def check_kv_bytes_per_token(fn: Callable) -> None:
+    """Every model config at FP16 (default), FP32 and FP8 cache entries."""
+    cases = [(desc, args) for desc, args in _model_cases()]
+    for nbytes in (4, 1):
+        cases += [(f"{desc}, bytes_per_elem={nbytes}", (*args, nbytes)) for desc, args in _model_cases()]
+    compare_cases(fn, ledger.kv_bytes_per_token, cases, for_exercise("kv_bytes_per_token"))
+
+
+def check_expected_tokens_per_round(fn: Callable) -> None:
+    """a in [0, 1] including a = 0 and a = 1, gamma from 0 to 40."""
+    cases = [(f"a={a!r}, gamma={g}", (a, g)) for a, g in _rate_gamma_pairs()]
+    compare_cases(fn, ledger.expected_tokens_per_round, cases, for_exercise("expected_tokens_per_round"))
+
+
+def check_speedup(fn: Callable) -> None:
+    """Rates, draft lengths and cost ratios including a free draft (c = 0)."""
+    costs = (0.0, 0.01, 0.05, 0.114, 0.5, 1.0)
+    cases = [(f"a={a!r}, gamma={g}, c={c!r}", (a, g, c)) for a, g in _rate_gamma_pairs()[:42] for c in costs]
+    compare_cases(fn, ledger.speedup, cases, for_exercise("speedup"),
+                  note="(speedup calls your expected_tokens_per_round: make that pass first.)")
+
+
+def check_best_gamma(fn: Callable) -> None:
+    """A grid of a and c, small max_gamma, a free draft and exact ties."""
+    cases = []
+    for a in (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0):
+        for c in (0.0, 0.02, 0.05, 0.1, 0.3, 1.0):
+            for max_gamma in (1, 5, 32):
+                cases.append((f"a={a!r}, c={c!r}, max_gamma={max_gamma}", (a, c, max_gamma)))
+    compare_cases(fn, ledger.best_gamma, cases, for_exercise("best_gamma"), rel=0.0, integer=True,
+                  note="(best_gamma calls your speedup: make that pass first.)")
+
+
+def check_roofline_step_time_s(fn: Callable) -> None:
+    """Memory-bound and compute-bound shapes on every GPU in the table."""
+    cases = []
+    for model in ("llama-2-7b", "llama-3-70b"):
+        n = ledger.count_params(load_models()[model])
+        for gpu in load_gpus().values():
+            for tokens in (1, 5, 64, 300, 1024, 8192):
+                args = (n, 2, tokens, gpu.bandwidth, gpu.bf16_flops)
+                cases.append((f"{model} ({n} params), bytes_per_param=2, n_tokens={tokens}, {gpu.name}", args))
+    compare_cases(fn, ledger.roofline_step_time_s, cases, for_exercise("roofline_step_time_s"))

@@ -1,0 +1,152 @@
+"""Driving nbgrader: scratch course folders, release, autograde and reading the gradebook.
+
+``make release``, ``make grade`` and the pipeline tests all go through here. Every run
+works in a scratch copy of ``grader/`` so neither the committed course root nor a
+learner's notebooks are ever written to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from specdec.paths import GRADER_DIR, SOURCE_DIR
+
+SLUG = re.compile(r"^\d\d_[a-z0-9_]+$")
+
+
+class NbgraderError(RuntimeError):
+    """An nbgrader command failed; the message carries its log."""
+
+
+@dataclass(frozen=True)
+class CellGrade:
+    """The result of one graded cell of one notebook."""
+
+    notebook: str
+    grade_id: str
+    score: float
+    max_score: float
+    needs_manual_grade: bool = False
+    message: str = ""
+
+
+def assignments() -> list[str]:
+    """The course's assignments, in order: one folder ``NN_slug`` per notebook."""
+    return sorted(p.name for p in SOURCE_DIR.iterdir() if p.is_dir() and SLUG.match(p.name))
+
+
+def source_notebook(slug: str) -> Path:
+    return SOURCE_DIR / slug / f"{slug}.ipynb"
+
+
+def nbgrader_env() -> dict[str, str]:
+    """The environment for nbgrader: this Python's bin/ first on PATH (it calls alembic)."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    return env
+
+
+def run_nbgrader(course_root: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Run ``nbgrader ARGS`` with ``course_root`` as the course; raise with its log on failure."""
+    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course_root}"]
+    proc = subprocess.run(cmd, cwd=course_root, env=nbgrader_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise NbgraderError(f"`nbgrader {' '.join(args)}` failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def make_course(root: Path, slugs: list[str]) -> Path:
+    """A scratch nbgrader course at ``root`` holding the given assignments' sources."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(GRADER_DIR / "nbgrader_config.py", root / "nbgrader_config.py")
+    for slug in slugs:
+        shutil.copytree(SOURCE_DIR / slug, root / "source" / slug, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    return root
+
+
+def generate(course_root: Path, slug: str) -> Path:
+    """``nbgrader generate_assignment``: returns the student notebook it wrote."""
+    run_nbgrader(course_root, "generate_assignment", slug, "--force")
+    return course_root / "release" / slug / f"{slug}.ipynb"
+
+
+def submit(course_root: Path, slug: str, student: str, notebook: Path | nbformat.NotebookNode) -> Path:
+    """Place a notebook where nbgrader looks for ``student``'s submission of ``slug``."""
+    dest = course_root / "submitted" / student / slug / f"{slug}.ipynb"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(notebook, Path):
+        shutil.copy(notebook, dest)
+    else:
+        nbformat.write(notebook, dest)
+    return dest
+
+
+def autograde(course_root: Path, slug: str, students: list[str], timeout: float | None = None) -> None:
+    """``nbgrader autograde`` for the given students (hidden tests restored from the source)."""
+    pattern = students[0] if len(students) == 1 else "{" + ",".join(students) + "}"
+    run_nbgrader(course_root, "autograde", slug, f"--student={pattern}", "--force", timeout=timeout)
+
+
+def _cell_messages(notebook_path: Path) -> dict[str, str]:
+    """grade_id -> first line of what went wrong in that cell (error or stderr)."""
+    if not notebook_path.exists():
+        return {}
+    nb = json.loads(notebook_path.read_text())
+    messages = {}
+    for cell in nb.get("cells", []):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not meta.get("grade"):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                first = (out.get("evalue") or "").strip().splitlines()
+                if out.get("ename") == "NotImplementedError":
+                    messages[meta["grade_id"]] = "not done yet (the skeleton still raises NotImplementedError)"
+                else:
+                    messages[meta["grade_id"]] = f"{out.get('ename')}: {first[0] if first else ''}".strip()
+                break
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                text = "".join(out.get("text", "")).strip().splitlines()
+                messages[meta["grade_id"]] = f"wrote to stderr: {text[0] if text else ''}"
+                break
+    return messages
+
+
+def read_grades(course_root: Path, slug: str, student: str) -> list[CellGrade]:
+    """Scores of every graded cell of ``student``'s ``slug``, from the gradebook."""
+    from nbgrader.api import Gradebook
+
+    messages = _cell_messages(course_root / "autograded" / student / slug / f"{slug}.ipynb")
+    db_url = f"sqlite:///{course_root / 'gradebook.db'}"
+    rows = []
+    with Gradebook(db_url) as gb:
+        submission = gb.find_submission_notebook(slug, slug, student)
+        for grade in submission.grades:
+            rows.append(
+                CellGrade(
+                    notebook=slug,
+                    grade_id=grade.name,
+                    score=float(grade.score),
+                    max_score=float(grade.max_score),
+                    needs_manual_grade=bool(grade.needs_manual_grade),
+                    message=messages.get(grade.name, ""),
+                )
+            )
+    order = _grade_order(source_notebook(slug))
+    return sorted(rows, key=lambda r: order.get(r.grade_id, len(order)))
+
+
+def _grade_order(notebook_path: Path) -> dict[str, int]:
+    nb = json.loads(notebook_path.read_text())
+    ids = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb["cells"]]
+    return {grade_id: i for i, grade_id in enumerate(ids) if grade_id}

@@ -1,0 +1,140 @@
+"""``make grade``: grade the learner's own notebooks against the hidden tests.
+
+Copies each ``notebooks/NN_slug.ipynb`` into a scratch nbgrader course as a submission,
+autogrades it (hidden tests restored from ``grader/source``), prints a table of points
+per exercise with the first line of each failure, and writes HTML feedback to
+``.grades/feedback/``. The learner's files are only read, never written.
+
+Usage: ``python -m specdec.grading [NOTEBOOK ...]`` where NOTEBOOK is a path, a file
+name or a number (``01``). Exit status 0 whenever grading ran, whatever the score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from specdec.course import (
+    CellGrade,
+    NbgraderError,
+    assignments,
+    autograde,
+    generate,
+    make_course,
+    read_grades,
+    run_nbgrader,
+    submit,
+)
+from specdec.paths import NOTEBOOKS_DIR, REPO_ROOT
+
+STUDENT = "learner"
+REPORT_DIR = REPO_ROOT / ".grades"
+
+
+def _resolve(names: list[str], notebooks_dir: Path) -> list[tuple[str, Path]]:
+    """(slug, path) for the notebooks to grade; all of the course's by default."""
+    known = assignments()
+    if not names:
+        return [(slug, notebooks_dir / f"{slug}.ipynb") for slug in known]
+    chosen = []
+    for name in names:
+        stem = Path(name).stem
+        matches = [slug for slug in known if slug == stem or slug.startswith(f"{stem}_")]
+        if len(matches) != 1:
+            raise SystemExit(f"grade: {name!r} names no notebook of this course; known: {', '.join(known)}")
+        path = Path(name) if name.endswith(".ipynb") else notebooks_dir / f"{matches[0]}.ipynb"
+        chosen.append((matches[0], path))
+    return chosen
+
+
+def read_submission(path: Path) -> nbformat.NotebookNode:
+    """Read and validate a learner's notebook; raise ValueError with a readable reason."""
+    if not path.exists():
+        raise ValueError(f"{path.name}: file not found at {path}")
+    try:
+        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path.name} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+                         "restore it from a checkpoint or from git") from None
+    except (nbformat.reader.NotJSONError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path.name} is not a notebook: {str(err).splitlines()[0][:200]}") from None
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as err:
+        raise ValueError(f"{path.name} is not a valid notebook: {err.message[:200]}") from None
+    return nb
+
+
+def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> dict[str, list[CellGrade] | str]:
+    """Grade each (slug, path); a notebook that cannot be graded maps to its error message."""
+    results: dict[str, list[CellGrade] | str] = {}
+    feedback_dir = report_dir / "feedback"
+    with tempfile.TemporaryDirectory(prefix="specdec-grade-") as tmp:
+        root = make_course(Path(tmp), [slug for slug, _ in targets])
+        for slug, path in targets:
+            try:
+                nb = read_submission(path)
+                generate(root, slug)
+                submit(root, slug, STUDENT, nb)
+                autograde(root, slug, [STUDENT])
+                results[slug] = read_grades(root, slug, STUDENT)
+                run_nbgrader(root, "generate_feedback", slug, f"--student={STUDENT}", "--force")
+                html = root / "feedback" / STUDENT / slug / f"{slug}.html"
+                if html.exists():
+                    feedback_dir.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(html, feedback_dir / f"{slug}.html")
+            except ValueError as err:
+                results[slug] = str(err)
+            except NbgraderError as err:
+                results[slug] = f"grading failed: {str(err).splitlines()[0]} (see the log below)\n{err}"
+    return results
+
+
+def format_table(results: dict[str, list[CellGrade] | str]) -> str:
+    """The report a learner reads: one row per exercise, then the total."""
+    rows = [("notebook", "exercise", "points", "what failed")]
+    total = possible = 0.0
+    for slug, cells in results.items():
+        if isinstance(cells, str):
+            rows.append((slug, "-", "-", cells.splitlines()[0]))
+            continue
+        for cell in cells:
+            exercise = cell.grade_id.removesuffix("_test")
+            points = f"{cell.score:g} / {cell.max_score:g}"
+            status = "needs manual grading" if cell.needs_manual_grade else cell.message
+            rows.append((slug, exercise, points, status))
+            total += cell.score
+            possible += cell.max_score
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}".rstrip() for r in rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    lines.append(f"total: {total:g} / {possible:g} points")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Grade your notebooks against the hidden tests.")
+    parser.add_argument("notebooks", nargs="*", help="notebooks to grade (path, file name or number); default: all")
+    parser.add_argument("--dir", type=Path, default=NOTEBOOKS_DIR, help="folder of your notebooks (default: notebooks/)")
+    parser.add_argument("--report-dir", type=Path, default=REPORT_DIR, help="where HTML feedback goes (default: .grades/)")
+    args = parser.parse_args(argv)
+    targets = _resolve(args.notebooks, args.dir)
+    print(f"grading {len(targets)} notebook(s) (a copy; your files are not changed)...", flush=True)
+    results = grade(targets, args.report_dir)
+    print(format_table(results))
+    for slug, cells in results.items():
+        if isinstance(cells, str) and "\n" in cells:
+            print(f"\n--- {slug} ---\n{cells}", file=sys.stderr)
+    if (args.report_dir / "feedback").exists():
+        print(f"HTML feedback (hidden tests' messages in full): {args.report_dir / 'feedback'}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The catalogue of known-wrong implementations, one module per notebook.
+
+Each :class:`Mistake` is a plausible wrong answer to one exercise, with the hint a
+learner should read when their output matches it. The test suite proves that every
+check rejects every mistake aimed at it; the checks use the catalogue to explain a
+failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A wrong implementation of ``exercise`` and what it gets wrong."""
+
+    exercise: str
+    name: str
+    fn: Callable[..., Any]
+    hint: str
