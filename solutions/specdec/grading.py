@@ -71,9 +71,12 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> dict[str, list[CellGrade] | str]:
-    """Grade each (slug, path); a notebook that cannot be graded maps to its error message."""
-    results: dict[str, list[CellGrade] | str] = {}
+Result = tuple[str, "list[CellGrade] | str"]
+
+
+def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> list[Result]:
+    """Grade each (slug, path) in turn: (slug, cell grades), or (slug, why it could not be graded)."""
+    results: list[Result] = []
     feedback_dir = report_dir / "feedback"
     with tempfile.TemporaryDirectory(prefix="specdec-grade-") as tmp:
         root = make_course(Path(tmp), [slug for slug, _ in targets])
@@ -83,24 +86,25 @@ def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> dic
                 generate(root, slug)
                 submit(root, slug, STUDENT, nb)
                 autograde(root, slug, [STUDENT])
-                results[slug] = read_grades(root, slug, STUDENT)
+                cells = read_grades(root, slug, STUDENT)
                 run_nbgrader(root, "generate_feedback", slug, f"--student={STUDENT}", "--force")
                 html = root / "feedback" / STUDENT / slug / f"{slug}.html"
                 if html.exists():
                     feedback_dir.mkdir(parents=True, exist_ok=True)
                     shutil.copy(html, feedback_dir / f"{slug}.html")
+                results.append((slug, cells))
             except ValueError as err:
-                results[slug] = str(err)
+                results.append((slug, str(err)))
             except NbgraderError as err:
-                results[slug] = f"grading failed: {str(err).splitlines()[0]} (see the log below)\n{err}"
+                results.append((slug, f"grading failed: {str(err).splitlines()[0]} (log below)\n{err}"))
     return results
 
 
-def format_table(results: dict[str, list[CellGrade] | str]) -> str:
+def format_table(results: list[Result]) -> str:
     """The report a learner reads: one row per exercise, then the total."""
     rows = [("notebook", "exercise", "points", "what failed")]
     total = possible = 0.0
-    for slug, cells in results.items():
+    for slug, cells in results:
         if isinstance(cells, str):
             rows.append((slug, "-", "-", cells.splitlines()[0]))
             continue
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grading {len(targets)} notebook(s) (a copy; your files are not changed)...", flush=True)
     results = grade(targets, args.report_dir)
     print(format_table(results))
-    for slug, cells in results.items():
+    for slug, cells in results:
         if isinstance(cells, str) and "\n" in cells:
             print(f"\n--- {slug} ---\n{cells}", file=sys.stderr)
     if (args.report_dir / "feedback").exists():

@@ -42,10 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("slugs", nargs="*", help="assignments to release (default: all)")
     parser.add_argument("--check", action="store_true", help="only report whether notebooks/ is up to date")
+    parser.add_argument("--missing", action="store_true", help="only write notebooks that do not exist yet")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.slugs) - set(assignments()))
     if unknown:
         parser.error(f"unknown assignment(s) {unknown}; known: {assignments()}")
+    if args.missing:
+        args.slugs = [s for s in (args.slugs or assignments()) if not (NOTEBOOKS_DIR / f"{s}.ipynb").exists()]
+        if not args.slugs:
+            return 0
     if not args.check:
         for path in build_student_notebooks(NOTEBOOKS_DIR, args.slugs or None):
             print(f"wrote {path.relative_to(NOTEBOOKS_DIR.parent)}")

@@ -95,7 +95,7 @@ def compare_cases(
     Each case is (description, args). Returns the number of cases checked.
     """
     mistakes = list(mistakes)
-    name = getattr(fn, "__name__", "your function")
+    name = reference.__name__  # the learner implements the function of the same name
     count = 0
     for description, args in cases:
         label = f"{name}({description})"

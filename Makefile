@@ -1,0 +1,51 @@
+# Speculative Decoding course. `make lab` to learn, `make test` to check everything.
+# Overridable: PYTHON, VENV, HOST, PORT, BROWSER=no, NB (notebooks to grade), PYTEST_ARGS, PIP_ARGS.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8888
+BROWSER ?= yes
+NB ?=
+PYTEST_ARGS ?=
+PIP_ARGS ?=
+
+.PHONY: help setup lab test release grade clean distclean
+
+help:
+	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
+	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook)"
+	@echo "make test     set up on first use, then run the whole test suite"
+	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
+	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
+
+# The environment: created once, reinstalled only when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[test]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: $(STAMP)
+	@$(BIN)/python -m specdec.release --missing
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) \
+		$(if $(filter no,$(BROWSER)),--no-browser,)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+release: $(STAMP)
+	$(BIN)/python -m specdec.release
+
+grade: $(STAMP)
+	@$(BIN)/python -m specdec.grading $(NB)
+
+clean:
+	rm -rf .grades .pytest_cache .hypothesis
+	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) solutions/*.egg-info
