@@ -54,7 +54,7 @@ def roundtrip(tmp_path_factory) -> dict[tuple[str, str], list[course.CellGrade]]
         course.submit(root, slug, "solution", source_path(slug))
         course.submit(root, slug, "blank", student_path(slug))
         assert read(released).cells, f"nbgrader released an empty {slug}"
-        course.autograde(root, slug, ["solution", "blank"])
+        course.autograde(root, slug)
         for student in ("solution", "blank"):
             grades[slug, student] = course.read_grades(root, slug, student)
     shutil.rmtree(root, ignore_errors=True)

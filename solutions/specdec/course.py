@@ -91,10 +91,9 @@ def submit(course_root: Path, slug: str, student: str, notebook: Path | nbformat
     return dest
 
 
-def autograde(course_root: Path, slug: str, students: list[str], timeout: float | None = None) -> None:
-    """``nbgrader autograde`` for the given students (hidden tests restored from the source)."""
-    pattern = students[0] if len(students) == 1 else "{" + ",".join(students) + "}"
-    run_nbgrader(course_root, "autograde", slug, f"--student={pattern}", "--force", timeout=timeout)
+def autograde(course_root: Path, slug: str, student: str = "*", timeout: float | None = None) -> None:
+    """``nbgrader autograde`` of one student, or of all ("*"); hidden tests restored from the source."""
+    run_nbgrader(course_root, "autograde", slug, f"--student={student}", "--force", timeout=timeout)
 
 
 def _cell_messages(notebook_path: Path) -> dict[str, str]:

@@ -58,12 +58,18 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
     if not path.exists():
         raise ValueError(f"{path.name}: file not found at {path}")
     try:
-        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path.name} is not a notebook: it is not UTF-8 text") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path.name} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
                          "restore it from a checkpoint or from git") from None
-    except (nbformat.reader.NotJSONError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path.name} is not a notebook: {str(err).splitlines()[0][:200]}") from None
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception as err:  # nbformat raises many kinds on malformed input
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        raise ValueError(f"{path.name} is not a notebook: {reason}") from None
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as err:
@@ -79,13 +85,13 @@ def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> lis
     results: list[Result] = []
     feedback_dir = report_dir / "feedback"
     with tempfile.TemporaryDirectory(prefix="specdec-grade-") as tmp:
-        root = make_course(Path(tmp), [slug for slug, _ in targets])
+        root = make_course(Path(tmp), sorted({slug for slug, _ in targets}))
         for slug, path in targets:
             try:
                 nb = read_submission(path)
                 generate(root, slug)
                 submit(root, slug, STUDENT, nb)
-                autograde(root, slug, [STUDENT])
+                autograde(root, slug, STUDENT)
                 cells = read_grades(root, slug, STUDENT)
                 run_nbgrader(root, "generate_feedback", slug, f"--student={STUDENT}", "--force")
                 html = root / "feedback" / STUDENT / slug / f"{slug}.html"

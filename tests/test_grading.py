@@ -1,0 +1,76 @@
+"""`make grade`: a table per exercise, bad notebooks named and skipped, learner files untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import source_path, student_path
+
+from specdec.course import CellGrade
+from specdec.grading import format_table, grade, read_submission
+
+
+def _digest(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.pipeline
+def test_grade_cli_reads_but_never_writes_the_learners_notebooks(tmp_path):
+    mine = tmp_path / "notebooks"
+    mine.mkdir()
+    shutil.copy(source_path("01_cost_ledger"), mine / "01_cost_ledger.ipynb")  # a finished notebook
+    before = _digest(mine)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec.grading", "01", "--dir", str(mine), "--report-dir", str(tmp_path / "report")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "count_params" in proc.stdout and "2 / 2" in proc.stdout
+    assert "total: 10 / 10 points" in proc.stdout
+    assert (tmp_path / "report" / "feedback" / "01_cost_ledger.html").exists()
+    assert _digest(mine) == before
+    assert [p.name for p in mine.iterdir()] == ["01_cost_ledger.ipynb"]
+
+
+@pytest.mark.pipeline
+def test_corrupt_notebook_is_named_and_the_others_still_graded(tmp_path):
+    corrupt = tmp_path / "01_cost_ledger.ipynb"
+    corrupt.write_text('{"cells": [')
+    results = grade([("01_cost_ledger", corrupt), ("01_cost_ledger", student_path("01_cost_ledger"))], tmp_path)
+    (slug, error), (_, cells) = results
+    assert isinstance(error, str) and "01_cost_ledger.ipynb is not valid JSON" in error
+    assert [c.score for c in cells] == [0] * len(cells) and len(cells) >= 5
+    assert all("not done yet" in c.message for c in cells)
+    table = format_table(results)
+    assert "not valid JSON" in table and "total: 0 / 10 points" in table
+
+
+def test_read_submission_errors(tmp_path):
+    path = tmp_path / "01_cost_ledger.ipynb"
+    with pytest.raises(ValueError, match="file not found"):
+        read_submission(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a (valid )?notebook"):
+        read_submission(path)
+    path.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5, "extra": 1}')
+    with pytest.raises(ValueError, match="not a valid notebook"):
+        read_submission(path)
+
+
+def test_unknown_notebook_name_is_refused(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "specdec.grading", "99"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "names no notebook of this course" in proc.stderr
+
+
+def test_table_lists_every_exercise_and_the_total():
+    cells = [CellGrade("01_x", "a_test", 2, 2), CellGrade("01_x", "b_test", 0, 1, message="CheckFailure: b(1): expected 2")]
+    table = format_table([("01_x", cells), ("02_y", "02_y.ipynb is not valid JSON")])
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["notebook", "exercise", "points"]
+    assert any(line.startswith("01_x") and " a " in line and "2 / 2" in line for line in lines)
+    assert any("0 / 1" in line and "expected 2" in line for line in lines)
+    assert lines[-1] == "total: 2 / 3 points"
