@@ -32,7 +32,7 @@ setup: $(STAMP)
 lab: $(STAMP)
 	@$(BIN)/python -m specdec.release --missing
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) \
-		$(if $(filter no,$(BROWSER)),--no-browser,)
+		$(if $(filter no,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
