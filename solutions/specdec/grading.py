@@ -48,7 +48,8 @@ def _resolve(names: list[str], notebooks_dir: Path) -> list[tuple[str, Path]]:
         matches = [slug for slug in known if slug == stem or slug.startswith(f"{stem}_")]
         if len(matches) != 1:
             raise SystemExit(f"grade: {name!r} names no notebook of this course; known: {', '.join(known)}")
-        path = Path(name) if name.endswith(".ipynb") else notebooks_dir / f"{matches[0]}.ipynb"
+        given = Path(name)
+        path = given if given.suffix == ".ipynb" and given.exists() else notebooks_dir / f"{matches[0]}.ipynb"
         chosen.append((matches[0], path))
     return chosen
 
