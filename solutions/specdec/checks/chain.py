@@ -1,0 +1,168 @@
+"""Hidden-test checks for notebook 04 (verifying a whole chain)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from specdec import chain
+from specdec.checks.core import CheckFailure, call, close, diagnose
+from specdec.checks.greedy import CountingLM
+from specdec.checks.stats import compare_frequencies
+from specdec.greedy import PAD
+from specdec.mistakes.chain import for_exercise
+from specdec.toy import ToyLM
+
+_SEED = 4
+
+
+def _scenarios() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(description, p (gamma + 1, V), q (gamma, V), draft (gamma,)) with diffuse p, so that
+    argmax bonuses, fallbacks drawn from p and continuing after a rejection all show."""
+    g = torch.Generator().manual_seed(_SEED)
+    d = torch.float64
+    out = []
+    for i, (V, gamma) in enumerate([(4, 3), (3, 2), (5, 1)]):
+        p = torch.softmax(torch.randn(gamma + 1, V, generator=g, dtype=d), -1)
+        q = torch.softmax(torch.randn(gamma, V, generator=g, dtype=d), -1)
+        draft = torch.multinomial(q, 1, generator=g).squeeze(-1)
+        out.append((f"scenario {i} (V={V}, gamma={gamma})", p, q, draft))
+    V, gamma = 4, 3  # the target agrees with the draft: everything is accepted, then a bonus
+    q = torch.softmax(torch.randn(gamma, V, generator=g, dtype=d), -1)
+    p = torch.cat([q, torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=d)])
+    out.append(("p == q at every draft position", p, q, torch.tensor([0, 1, 2])))
+    p = torch.softmax(torch.randn(gamma + 1, V, generator=g, dtype=d), -1)
+    p[1] = torch.tensor([0.5, 0.0, 0.3, 0.2], dtype=d)  # draft[1] = 1 is always rejected
+    out.append(("the target gives draft[1] probability 0", p, q, torch.tensor([0, 1, 2])))
+    return out
+
+
+def _describe(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> str:
+    rows = lambda t: "[" + ", ".join("[" + ", ".join(f"{x:.3f}" for x in r) + "]" for r in t.tolist()) + "]"  # noqa: E731
+    return f"draft={draft.tolist()}, p={rows(p)}, q={rows(q)}"
+
+
+def check_verify_chain(fn: Callable, n: int = 4000) -> None:
+    """Seeded Monte Carlo of the committed tuple against its exact distribution, per scenario."""
+    for desc, p, q, draft in _scenarios():
+        label = f"verify_chain({desc}; {_describe(p, q, draft)})"
+        g = torch.Generator().manual_seed(_SEED)
+        outputs = []
+        for _ in range(n):
+            got = call(fn, label, p, q, draft, g)
+            if not isinstance(got, torch.Tensor) or got.ndim != 1 or not 1 <= len(got) <= len(draft) + 1:
+                raise CheckFailure(f"{label}: return a 1-D tensor of 1 to gamma + 1 committed tokens, got {got!r}")
+            outputs.append(tuple(int(t) for t in got))
+        compare_frequencies(outputs, chain.outcome_distribution(p, q, draft), label, hint=_sampler_hint("verify_chain"))
+
+
+def _sampler_hint(exercise: str) -> str:
+    names = ", ".join(m.hint.split(";")[0] for m in for_exercise(exercise))
+    return f"Common causes: {names}."
+
+
+def check_expected_committed_length(fn: Callable) -> None:
+    """Empty drafts, certain and impossible acceptance, decreasing and random rates."""
+    rng = random.Random(_SEED)
+    cases = [[], [1.0] * 5, [0.0, 1.0, 1.0], [0.9, 0.8, 0.7, 0.6], [0.5], [1.0, 0.0, 1.0]]
+    cases += [[rng.random() for _ in range(rng.randint(1, 12))] for _ in range(30)]
+    mistakes = for_exercise("expected_committed_length")
+    for rates in cases:
+        label = f"expected_committed_length({[round(a, 4) for a in rates]})"
+        got = call(fn, label, rates)
+        expected = chain.expected_committed_length(rates)
+        if not close(got, expected, rel=1e-9):
+            raise CheckFailure(f"{label}: expected {expected:.6g}, got {got!r}." + diagnose(mistakes, got, (rates,)))
+
+
+def check_best_gamma_measured(fn: Callable) -> None:
+    """Measured-looking costs: flat, growing and step-shaped verification times; ties."""
+    rng = random.Random(_SEED)
+    cases = [
+        ([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], 0.002, [0.020, 0.020, 0.021, 0.021, 0.022, 0.022]),
+        ([0.9] * 8, 0.004, [0.02 + 0.004 * g for g in range(1, 9)]),
+        ([0.8] * 6, 0.001, [0.01, 0.01, 0.01, 0.03, 0.03, 0.03]),
+        ([0.0] * 4, 0.01, [0.05] * 4),
+        ([1.0] * 4, 0.0, [0.01] * 4),
+        ([1.0, 0.0, 0.0], 0.0, [0.01, 0.01, 0.01]),
+    ]
+    for _ in range(30):
+        G = rng.randint(1, 10)
+        rates = [rng.uniform(0.3, 1.0) for _ in range(G)]
+        verify = sorted(rng.uniform(0.01, 0.05) for _ in range(rng.randint(1, G)))
+        cases.append((rates, rng.uniform(0.0, 0.01), verify))
+    mistakes = for_exercise("best_gamma_measured")
+    for rates, draft_s, verify in cases:
+        label = f"best_gamma_measured({[round(a, 3) for a in rates]}, draft_step_s={draft_s:.4g}, verify_s={[round(v, 4) for v in verify]})"
+        got = call(fn, label, rates, draft_s, verify)
+        expected = chain.best_gamma_measured(rates, draft_s, verify)
+        if got != expected:
+            raise CheckFailure(f"{label}: expected {expected}, got {got!r}." + diagnose(mistakes, got, (rates, draft_s, verify), rel=0.0))
+
+
+def check_verify_chain_batched(fn: Callable, rows_per_scenario: int = 4000) -> None:
+    """All scenarios stacked in one batch (ragged acceptance), then B = 1 and gamma = 1."""
+    by_gamma: dict[int, list] = {}
+    for scenario in _scenarios():
+        by_gamma.setdefault(len(scenario[3]), []).append(scenario)
+    for gamma, scenarios in by_gamma.items():
+        V = max(s[1].shape[-1] for s in scenarios)
+        same_v = [s for s in scenarios if s[1].shape[-1] == V]
+        R = rows_per_scenario
+        p = torch.cat([s[1].expand(R, -1, -1) for s in same_v])
+        q = torch.cat([s[2].expand(R, -1, -1) for s in same_v])
+        draft = torch.cat([s[3].expand(R, -1) for s in same_v])
+        label = f"verify_chain_batched(B={len(draft)}, gamma={gamma}, V={V})"
+        got = call(fn, label, p.contiguous(), q.contiguous(), draft.contiguous(), torch.Generator().manual_seed(_SEED))
+        tokens, n_committed = _unpack(got, label, len(draft), gamma)
+        for i, (desc, ps, qs, ds) in enumerate(same_v):
+            rows = slice(i * R, (i + 1) * R)
+            outputs = [tuple(row[: int(n)].tolist()) for row, n in zip(tokens[rows], n_committed[rows])]
+            compare_frequencies(outputs, chain.outcome_distribution(ps, qs, ds),
+                                f"verify_chain_batched rows of {desc} ({_describe(ps, qs, ds)})",
+                                hint=_sampler_hint("verify_chain_batched"))
+    desc, p, q, draft = _scenarios()[0]
+    got = call(fn, "verify_chain_batched(B=1)", p[None], q[None], draft[None], torch.Generator().manual_seed(0))
+    _unpack(got, "verify_chain_batched(B=1)", 1, len(draft))
+
+
+def _unpack(got, label: str, B: int, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise CheckFailure(f"{label}: return (tokens, n_committed) as two tensors")
+    tokens, n_committed = got
+    if tuple(tokens.shape) != (B, gamma + 1) or tuple(n_committed.shape) != (B,):
+        raise CheckFailure(f"{label}: expected tokens of shape ({B}, {gamma + 1}) and n_committed ({B},), got "
+                           f"{tuple(tokens.shape)} and {tuple(n_committed.shape)}")
+    if ((n_committed < 1) | (n_committed > gamma + 1)).any():
+        raise CheckFailure(f"{label}: n_committed must lie in 1..gamma + 1 = {gamma + 1}, got values {n_committed.unique().tolist()}")
+    positions = torch.arange(gamma + 1)
+    pad_wrong = ((positions >= n_committed[:, None]) & (tokens != PAD)).any()
+    used_wrong = ((positions < n_committed[:, None]) & (tokens < 0)).any()
+    if pad_wrong or used_wrong:
+        raise CheckFailure(f"{label}: each row must hold n_committed tokens, then PAD = {PAD} in the remaining slots")
+    return tokens, n_committed
+
+
+def check_speculative_round(fn: Callable, n: int = 2500) -> None:
+    """Exact round distributions (by enumeration) at temperatures 0, 0.5, 1 and 1.5; one target call."""
+    target = ToyLM(3, seed=7, scale=1.5)
+    draft = target.noisy_copy(1.0, seed=8)
+    context = torch.tensor([0, 2])
+    for temperature in (0.0, 0.5, 1.0, 1.5):
+        gamma = 2
+        label = f"speculative_round(V=3, context={context.tolist()}, gamma={gamma}, temperature={temperature})"
+        g = torch.Generator().manual_seed(_SEED)
+        outputs = []
+        runs = 50 if temperature == 0 else n
+        for _ in range(runs):
+            counting = CountingLM(target)
+            got = call(fn, label, counting, draft, context, gamma, temperature, g)
+            if not isinstance(got, torch.Tensor) or got.ndim != 1:
+                raise CheckFailure(f"{label}: return the committed tokens as a 1-D tensor, got {got!r}")
+            if counting.calls != 1:
+                raise CheckFailure(f"{label}: the target was called {counting.calls} times; score all gamma + 1 positions in one target.logits call.")
+            outputs.append(tuple(int(t) for t in got))
+        exact = chain.round_outcome_distribution(target, draft, context, gamma, temperature)
+        compare_frequencies(outputs, exact, label, hint=_sampler_hint("speculative_round"))

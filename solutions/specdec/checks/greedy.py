@@ -1,0 +1,168 @@
+"""Hidden-test checks for notebook 02 (greedy verification)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from specdec import greedy
+from specdec.checks.core import CheckFailure, call
+from specdec.mistakes.greedy import for_exercise
+from specdec.toy import ToyLM, greedy_generate
+
+_SEED = 2
+
+
+def _hint(exercise: str, got, expected_fn, args) -> str:
+    """The hint of a catalogued mistake that gives the same (wrong) output, if any."""
+    for mistake in for_exercise(exercise):
+        try:
+            wrong = mistake.fn(*args)
+        except Exception:
+            continue
+        if _same(got, wrong):
+            return f" This is what you get when: {mistake.hint}"
+    return ""
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.equal(a.long(), b.long())
+    return a == b
+
+
+def check_round_shapes(fn: Callable) -> None:
+    """Every field for P in 1..6, gamma in 1..6 and every k in 0..gamma."""
+    fields = greedy.RoundShapes.__dataclass_fields__
+    for P in range(1, 7):
+        for gamma in range(1, 7):
+            for k in range(gamma + 1):
+                label = f"round_shapes(P={P}, gamma={gamma}, k={k})"
+                got = call(fn, label, P, gamma, k)
+                expected = greedy.round_shapes(P, gamma, k)
+                for name in fields:
+                    value = getattr(got, name, None)
+                    if value != getattr(expected, name):
+                        raise CheckFailure(
+                            f"{label}.{name}: expected {getattr(expected, name)}, got {value!r}."
+                            + _hint("round_shapes", got, None, (P, gamma, k))
+                        )
+
+
+def _verify_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(draft (gamma,), logits (gamma + 1, V), k): the first k drafts match, then a mismatch,
+    then random drafts (which sometimes match again, to catch counting past the mismatch)."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    cases = []
+    for _ in range(n):
+        V, gamma = rng.choice([2, 3, 5, 10, 50]), rng.randint(1, 8)
+        logits = torch.randn(gamma + 1, V, generator=g)
+        target = logits.argmax(-1)
+        k = rng.randint(0, gamma)
+        draft = torch.randint(0, V, (gamma,), generator=g)
+        draft[:k] = target[:k]
+        if k < gamma:
+            draft[k] = (target[k] + rng.randint(1, V - 1)) % V
+            if k + 1 < gamma and rng.random() < 0.5:
+                draft[k + 1 :] = target[k + 1 : gamma]  # matches again after the mismatch
+        cases.append((draft, logits, k))
+    return cases
+
+
+def check_greedy_verify(fn: Callable) -> None:
+    """200 random rounds: every k from 0 to gamma, V from 2 to 50, matches after a mismatch."""
+    for draft, logits, k in _verify_cases(random.Random(_SEED), 200):
+        label = f"greedy_verify(draft={draft.tolist()}, target argmax={logits.argmax(-1).tolist()})"
+        got = call(fn, label, draft, logits)
+        expected = greedy.greedy_verify(draft, logits)
+        if not isinstance(got, torch.Tensor) or got.ndim != 1:
+            raise CheckFailure(f"{label}: return a 1-D tensor of token ids, got {got!r}")
+        if not _same(got, expected):
+            raise CheckFailure(
+                f"{label}: {k} draft(s) match before the first mismatch, so expected {expected.tolist()}, "
+                f"got {got.tolist()}." + _hint("greedy_verify", got, None, (draft, logits))
+            )
+
+
+def check_greedy_verify_batched(fn: Callable) -> None:
+    """Ragged batches (B = 1, 2, 7, 64) against the single-sequence reference, row by row."""
+    rng = random.Random(_SEED + 1)
+    g = torch.Generator().manual_seed(_SEED)
+    for B in (1, 2, 7, 64):
+        for gamma in (1, 3, 5):
+            V = rng.choice([3, 10, 50])
+            logits = torch.randn(B, gamma + 1, V, generator=g)
+            target = logits.argmax(-1)
+            draft = torch.randint(0, V, (B, gamma), generator=g)
+            for b in range(B):  # row b agrees with the target on a random prefix
+                k = rng.randint(0, gamma)
+                draft[b, :k] = target[b, :k]
+            label = f"greedy_verify_batched(B={B}, gamma={gamma}, V={V})"
+            got = call(fn, label, draft, logits)
+            if not (isinstance(got, tuple) and len(got) == 2):
+                raise CheckFailure(f"{label}: return (tokens, n_committed), got {type(got).__name__}")
+            tokens, n_committed = got
+            expected_tokens, expected_n = greedy.greedy_verify_batched(draft, logits)
+            if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (B, gamma + 1):
+                raise CheckFailure(f"{label}: tokens must have shape (B, gamma + 1) = ({B}, {gamma + 1}), got "
+                                   f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+            if not isinstance(n_committed, torch.Tensor) or not _same(n_committed.reshape(-1), expected_n):
+                raise CheckFailure(f"{label}: n_committed should be {expected_n.tolist()}, got "
+                                   f"{n_committed.tolist() if isinstance(n_committed, torch.Tensor) else n_committed!r}."
+                                   + _hint("greedy_verify_batched", got, None, (draft, logits)))
+            if not _same(tokens, expected_tokens):
+                row = next(b for b in range(B) if not torch.equal(tokens[b].long(), expected_tokens[b]))
+                raise CheckFailure(
+                    f"{label}: row {row} (draft {draft[row].tolist()}, target argmax {target[row].tolist()}) should be "
+                    f"{expected_tokens[row].tolist()}, got {tokens[row].tolist()} (PAD = {greedy.PAD})."
+                    + _hint("greedy_verify_batched", got, None, (draft, logits))
+                )
+
+
+class CountingLM:
+    """Wraps a ToyLM and counts calls, to check one target call per round."""
+
+    def __init__(self, model: ToyLM) -> None:
+        self.model, self.calls = model, 0
+        self.vocab_size = model.vocab_size
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.model.logits(tokens)
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.model.next_logits(tokens)
+
+
+def check_speculative_greedy_generate(fn: Callable) -> None:
+    """Output equals target-only greedy decoding, rounds equal the reference's, one target call per round."""
+    for seed, V, noise in ((0, 10, 1.0), (1, 10, 3.0), (2, 5, 0.0), (3, 30, 2.0)):
+        target = ToyLM(V, seed=seed)
+        draft = target.noisy_copy(noise, seed=seed + 100)
+        for prompt in ([1], [5, 9], [2, 3, 4]):
+            prompt_t = torch.tensor(prompt)
+            for gamma in (1, 3, 5):
+                for n_tokens in (1, 7, 40):
+                    label = f"speculative_greedy_generate(V={V}, draft noise={noise}, prompt={prompt}, n_tokens={n_tokens}, gamma={gamma})"
+                    counting = CountingLM(target)
+                    got = call(fn, label, counting, draft, prompt_t, n_tokens, gamma)
+                    if not (isinstance(got, tuple) and len(got) == 2):
+                        raise CheckFailure(f"{label}: return (tokens, committed per round)")
+                    tokens, per_round = got
+                    expected = greedy_generate(target, prompt_t, n_tokens)
+                    _, expected_rounds = greedy.speculative_greedy_generate(target, draft, prompt_t, n_tokens, gamma)
+                    if not isinstance(tokens, torch.Tensor) or not _same(tokens, expected):
+                        shown = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+                        raise CheckFailure(f"{label}: expected the target's greedy tokens {expected.tolist()}, got {shown}."
+                                           + _hint("speculative_greedy_generate", got, None, (target, draft, prompt_t, n_tokens, gamma)))
+                    if list(per_round) != expected_rounds:
+                        raise CheckFailure(f"{label}: tokens committed per round should be {expected_rounds}, got {list(per_round)}."
+                                           " Each round commits the accepted drafts plus one target token.")
+                    if counting.calls != len(expected_rounds):
+                        raise CheckFailure(f"{label}: the target was called {counting.calls} times for {len(expected_rounds)} rounds; "
+                                           "score the last committed token and all gamma drafts in one target.logits call per round.")

@@ -1,0 +1,157 @@
+"""Hidden-test checks for notebook 03 (rejection sampling at one position)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from specdec import rejection
+from specdec.checks.core import CheckFailure, call, close, diagnose
+from specdec.checks.stats import compare_frequencies
+from specdec.mistakes.rejection import for_exercise
+
+_SEED = 3
+
+
+def _fmt(t: torch.Tensor) -> str:
+    return "[" + ", ".join(f"{x:.4g}" for x in t.tolist()) + "]"
+
+
+def _pairs() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(description, p, q): the worked example, edge cases and random pairs (float64)."""
+    d = torch.float64
+    cases = [
+        ("worked example", torch.tensor([0.6, 0.3, 0.1], dtype=d), torch.tensor([0.2, 0.5, 0.3], dtype=d)),
+        ("p == q", torch.tensor([0.5, 0.25, 0.25], dtype=d), torch.tensor([0.5, 0.25, 0.25], dtype=d)),
+        ("one-hot q at token 1 (a greedy or n-gram draft)", torch.tensor([0.2, 0.5, 0.3], dtype=d), torch.tensor([0.0, 1.0, 0.0], dtype=d)),
+        ("p with zeros", torch.tensor([0.0, 0.7, 0.0, 0.3], dtype=d), torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=d)),
+        ("one-hot p", torch.tensor([0.0, 0.0, 1.0], dtype=d), torch.tensor([0.3, 0.3, 0.4], dtype=d)),
+    ]
+    g = torch.Generator().manual_seed(_SEED)
+    for i in range(15):
+        V = [2, 3, 5, 8, 20][i % 5]
+        p = torch.softmax(2 * torch.randn(V, generator=g, dtype=d), 0)
+        q = torch.softmax(2 * torch.randn(V, generator=g, dtype=d), 0)
+        cases.append((f"random pair {i}", p, q))
+    return cases
+
+
+def _label(fn_name: str, desc: str, p: torch.Tensor, q: torch.Tensor, extra: str = "") -> str:
+    return f"{fn_name}({desc}: p={_fmt(p)}, q={_fmt(q)}{extra})"
+
+
+def check_acceptance_probability(fn: Callable) -> None:
+    """Every token with q(y) > 0 of every pair."""
+    mistakes = for_exercise("acceptance_probability")
+    for desc, p, q in _pairs():
+        for y in range(len(q)):
+            if q[y] <= 0:
+                continue
+            label = _label("acceptance_probability", desc, p, q, f", y={y}")
+            got = call(fn, label, p, q, y)
+            expected = rejection.acceptance_probability(p, q, y)
+            if not close(got, expected, rel=1e-9, abs_tol=1e-12):
+                raise CheckFailure(f"{label}: expected {expected:.6g}, got {got!r}." + diagnose(mistakes, got, (p, q, y)))
+
+
+def _tensor_result(got, label: str, V: int) -> torch.Tensor:
+    if not isinstance(got, torch.Tensor) or got.shape != (V,):
+        raise CheckFailure(f"{label}: return a tensor of shape ({V},), got {got!r}")
+    if torch.isnan(got).any():
+        raise CheckFailure(f"{label}: the result contains NaN ({_fmt(got)}). Guard the 0/0 case.")
+    return got.to(torch.float64)
+
+
+def _tensor_hint(exercise: str, got: torch.Tensor, args: tuple) -> str:
+    for mistake in for_exercise(exercise):
+        try:
+            wrong = mistake.fn(*args)
+        except Exception:
+            continue
+        wrong = wrong if isinstance(wrong, tuple) else (wrong,)
+        got_t = got if isinstance(got, tuple) else (got,)
+        if len(wrong) == len(got_t) and all(
+            isinstance(w, torch.Tensor) and isinstance(x, torch.Tensor) and w.shape == x.shape
+            and torch.allclose(w.double(), x.double(), atol=1e-9, equal_nan=True)
+            for w, x in zip(wrong, got_t)
+        ):
+            return f" This is what you get when: {mistake.hint}"
+    return ""
+
+
+def check_residual_distribution(fn: Callable) -> None:
+    """Normalised, no NaN at p == q, p without the proposed token for a one-hot q."""
+    for desc, p, q in _pairs():
+        label = _label("residual_distribution", desc, p, q)
+        got = _tensor_result(call(fn, label, p, q), label, len(p))
+        expected = rejection.residual_distribution(p, q)
+        if not torch.allclose(got, expected, atol=1e-9):
+            raise CheckFailure(f"{label}: expected {_fmt(expected)}, got {_fmt(got)}."
+                               + _tensor_hint("residual_distribution", got, (p, q)))
+
+
+def check_output_paths(fn: Callable) -> None:
+    """Both paths on every pair; they must add up to p."""
+    for desc, p, q in _pairs():
+        label = _label("output_paths", desc, p, q)
+        got = call(fn, label, p, q)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(f"{label}: return a pair (accept_path, reject_path), got {type(got).__name__}")
+        accept_path = _tensor_result(got[0], label + " accept_path", len(p))
+        reject_path = _tensor_result(got[1], label + " reject_path", len(p))
+        exp_accept, exp_reject = rejection.output_paths(p, q)
+        for name, value, expected in (("accept_path", accept_path, exp_accept), ("reject_path", reject_path, exp_reject)):
+            if not torch.allclose(value, expected, atol=1e-9):
+                raise CheckFailure(f"{label}: {name} should be {_fmt(expected)}, got {_fmt(value)}."
+                                   + _tensor_hint("output_paths", got, (p, q)))
+
+
+def check_acceptance_rate(fn: Callable) -> None:
+    """sum min(p, q) on every pair."""
+    mistakes = for_exercise("acceptance_rate")
+    for desc, p, q in _pairs():
+        label = _label("acceptance_rate", desc, p, q)
+        got = call(fn, label, p, q)
+        expected = rejection.acceptance_rate(p, q)
+        if not close(got, expected, rel=1e-9, abs_tol=1e-12):
+            raise CheckFailure(f"{label}: expected {expected:.6g}, got {got!r}." + diagnose(mistakes, got, (p, q)))
+
+
+def check_verify_token(fn: Callable, n: int = 12_000) -> None:
+    """The accept test at chosen u (u = 0 included), then seeded Monte Carlo of the output."""
+    rng = random.Random(_SEED)
+    for desc, p, q in _pairs():
+        for y in range(len(q)):
+            if q[y] <= 0:
+                continue
+            ratio = float(p[y]) / float(q[y])
+            for u in (0.0, min(ratio, 1.0) * 0.999, min(ratio * 1.001, 0.999999), 0.5, 0.999999):
+                label = _label("verify_token", desc, p, q, f", y={y}, u={u:.6g}")
+                got = call(fn, label, p, q, y, u, torch.Generator().manual_seed(rng.randrange(2**31)))
+                if not (isinstance(got, tuple) and len(got) == 2):
+                    raise CheckFailure(f"{label}: return (accepted, token), got {got!r}")
+                accepted, token = bool(got[0]), int(got[1])
+                should = u < ratio
+                if accepted != should:
+                    extra = (" u = 0 must not accept a token the target gives probability 0: use a strict u < p(y)/q(y)."
+                             if u == 0 else " Accept exactly when u < p(y)/q(y).")
+                    raise CheckFailure(f"{label}: p(y)/q(y) = {ratio:.6g}, so accepted should be {should}, got {accepted}.{extra}")
+                if accepted and token != y:
+                    raise CheckFailure(f"{label}: an accepted draft outputs y = {y} itself, got {token}.")
+                if not accepted and float(rejection.residual_distribution(p, q)[token]) <= 0:
+                    raise CheckFailure(f"{label}: after a rejection the output {token} has residual probability 0; "
+                                       f"the residual is {_fmt(rejection.residual_distribution(p, q))}. "
+                                       "Draw from the residual max(p - q, 0) / sum, not from p or q.")
+    g = torch.Generator().manual_seed(_SEED)
+    for desc, p, q in _pairs()[:5]:
+        label = _label("verify_token", desc, p, q, " with y ~ q and u ~ U[0, 1)")
+        outputs = []
+        ys = torch.multinomial(q, n, replacement=True, generator=g).tolist()
+        us = torch.rand(n, generator=g, dtype=torch.float64).tolist()
+        for y, u in zip(ys, us):
+            outputs.append(int(call(fn, label, p, q, y, u, g)[1]))
+        compare_frequencies(outputs, dict(enumerate(p.tolist())), label,
+                            hint="After a rejection, draw from the residual max(p - q, 0) / sum, not from p or q.")
+
