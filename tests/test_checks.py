@@ -4,52 +4,64 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import ledger
-from specdec.checks import CheckFailure
+from specdec import chain, greedy, ledger, rejection
+from specdec.checks import CheckFailure, expect_close, expect_equal
+from specdec.checks import chain as chain_checks
+from specdec.checks import greedy as greedy_checks
 from specdec.checks import ledger as ledger_checks
-from specdec.mistakes import ledger as ledger_mistakes
+from specdec.checks import rejection as rejection_checks
+from specdec.mistakes import catalogue, for_exercise
 
-# exercise name -> how to run its check on one implementation of that function
+# exercise (function name) -> (reference, how to run its check on one implementation)
 RUN_CHECK = {
-    "count_params": ledger_checks.check_count_params,
-    "decode_step_floor_s": lambda fn: ledger_checks.check_decode_floor(fn, ledger.tokens_per_s_cap),
-    "tokens_per_s_cap": lambda fn: ledger_checks.check_decode_floor(ledger.decode_step_floor_s, fn),
-    "kv_bytes_per_token": ledger_checks.check_kv_bytes_per_token,
-    "expected_tokens_per_round": ledger_checks.check_expected_tokens_per_round,
-    "speedup": ledger_checks.check_speedup,
-    "best_gamma": ledger_checks.check_best_gamma,
-    "roofline_step_time_s": ledger_checks.check_roofline_step_time_s,
+    "count_params": (ledger.count_params, ledger_checks.check_count_params),
+    "decode_step_floor_s": (ledger.decode_step_floor_s, lambda fn: ledger_checks.check_decode_floor(fn, ledger.tokens_per_s_cap)),
+    "tokens_per_s_cap": (ledger.tokens_per_s_cap, lambda fn: ledger_checks.check_decode_floor(ledger.decode_step_floor_s, fn)),
+    "kv_bytes_per_token": (ledger.kv_bytes_per_token, ledger_checks.check_kv_bytes_per_token),
+    "expected_tokens_per_round": (ledger.expected_tokens_per_round, ledger_checks.check_expected_tokens_per_round),
+    "speedup": (ledger.speedup, ledger_checks.check_speedup),
+    "best_gamma": (ledger.best_gamma, ledger_checks.check_best_gamma),
+    "roofline_step_time_s": (ledger.roofline_step_time_s, ledger_checks.check_roofline_step_time_s),
+    "round_shapes": (greedy.round_shapes, greedy_checks.check_round_shapes),
+    "greedy_verify": (greedy.greedy_verify, greedy_checks.check_greedy_verify),
+    "greedy_verify_batched": (greedy.greedy_verify_batched, greedy_checks.check_greedy_verify_batched),
+    "speculative_greedy_generate": (greedy.speculative_greedy_generate, greedy_checks.check_speculative_greedy_generate),
+    "acceptance_probability": (rejection.acceptance_probability, rejection_checks.check_acceptance_probability),
+    "residual_distribution": (rejection.residual_distribution, rejection_checks.check_residual_distribution),
+    "verify_token": (rejection.verify_token, rejection_checks.check_verify_token),
+    "output_paths": (rejection.output_paths, rejection_checks.check_output_paths),
+    "acceptance_rate": (rejection.acceptance_rate, rejection_checks.check_acceptance_rate),
+    "verify_chain": (chain.verify_chain, chain_checks.check_verify_chain),
+    "expected_committed_length": (chain.expected_committed_length, chain_checks.check_expected_committed_length),
+    "best_gamma_measured": (chain.best_gamma_measured, chain_checks.check_best_gamma_measured),
+    "verify_chain_batched": (chain.verify_chain_batched, chain_checks.check_verify_chain_batched),
+    "speculative_round": (chain.speculative_round, chain_checks.check_speculative_round),
 }
-MISTAKES = ledger_mistakes.MISTAKES
+# Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
+EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"}
+MISTAKES = catalogue()
+ID = lambda m: f"{m.exercise}-{m.name}"  # noqa: E731
 
 
 @pytest.mark.parametrize("exercise", sorted(RUN_CHECK))
 def test_reference_passes(exercise):
-    RUN_CHECK[exercise](getattr(ledger, exercise))
+    reference, check = RUN_CHECK[exercise]
+    check(reference)
 
 
-@pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.exercise}-{m.name}")
+@pytest.mark.parametrize("mistake", MISTAKES, ids=ID)
 def test_every_catalogued_mistake_fails_its_check(mistake):
     with pytest.raises(CheckFailure) as failure:
-        RUN_CHECK[mistake.exercise](mistake.fn)
+        RUN_CHECK[mistake.exercise][1](mistake.fn)
     message = str(failure.value)
-    assert mistake.exercise in message or "raised" in message, message
-
-
-@pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.exercise}-{m.name}")
-def test_failure_message_names_the_likely_mistake(mistake):
-    """When a wrong answer reproduces a catalogued mistake, the learner reads its hint."""
-    with pytest.raises(CheckFailure) as failure:
-        RUN_CHECK[mistake.exercise](mistake.fn)
-    message = str(failure.value)
-    if "raised" not in message:  # a crash is reported as such, with the input
-        assert "expected" in message and "got" in message, message
-        assert any(m.hint in message for m in ledger_mistakes.for_exercise(mistake.exercise)), message
+    assert mistake.exercise in message, message
+    if mistake.exercise in EXACT and "raised" not in message and "NaN" not in message:
+        assert mistake.hint in message, f"expected the hint of {mistake.name}, got: {message}"
 
 
 @pytest.mark.parametrize("exercise", sorted(RUN_CHECK))
 def test_every_exercise_has_mistakes(exercise):
-    assert ledger_mistakes.for_exercise(exercise), f"no catalogued mistake for {exercise}"
+    assert for_exercise(exercise), f"no catalogued mistake for {exercise}"
 
 
 @pytest.mark.parametrize("exercise", sorted(RUN_CHECK))
@@ -59,7 +71,25 @@ def test_skeleton_fails_with_not_implemented_message(exercise):
 
     skeleton.__name__ = exercise
     with pytest.raises(CheckFailure, match="not implemented yet"):
-        RUN_CHECK[exercise](skeleton)
+        RUN_CHECK[exercise][1](skeleton)
+
+
+def test_unimplemented_callee_is_named():
+    def speedup(a, gamma, c):
+        raise NotImplementedError()
+
+    def best_gamma(a, c, max_gamma=32):
+        return speedup(a, 1, c)
+
+    with pytest.raises(CheckFailure, match="calls speedup, which is not implemented yet"):
+        ledger_checks.check_best_gamma(best_gamma)
+
+
+def test_failing_upstream_exercise_is_named():
+    namespace = {"expected_tokens_per_round": lambda a, gamma: 1.0 + gamma * a}
+    exec("def speedup(a, gamma, c):\n    return expected_tokens_per_round(a, gamma) / (1 + gamma * c)", namespace)
+    with pytest.raises(CheckFailure, match="calls your expected_tokens_per_round, which fails its own test"):
+        ledger_checks.check_speedup(namespace["speedup"])
 
 
 def test_wrong_type_is_reported():
@@ -70,8 +100,19 @@ def test_wrong_type_is_reported():
 
 
 def test_message_shows_the_input():
-    def off_by_one(cfg):
+    def count_params(cfg):
         return ledger.count_params(cfg) + 1
 
     with pytest.raises(CheckFailure, match=r"count_params\(llama-2-7b: vocab 32000, d_model 4096.*expected 6,738,415,616, got 6,738,415,617"):
-        ledger_checks.check_count_params(off_by_one)
+        ledger_checks.check_count_params(count_params)
+
+
+def test_visible_helpers_name_the_likely_mistake():
+    def expected_tokens_per_round(a, gamma):
+        return ledger.expected_tokens_per_round(a, gamma) - 1
+
+    with pytest.raises(CheckFailure, match=r"expected_tokens_per_round\(0.8, 4\): expected 3.3616.*got 2.3616.*only accepted drafts"):
+        expect_close(expected_tokens_per_round, (0.8, 4), 3.3616)
+    with pytest.raises(CheckFailure, match="return an int"):
+        expect_equal(lambda: 8.0, (), 8, label="best_gamma(...)")
+    expect_equal(ledger.best_gamma, (0.8, 0.05), 8)

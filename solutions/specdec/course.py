@@ -110,7 +110,8 @@ def _cell_messages(notebook_path: Path) -> dict[str, str]:
             if out.get("output_type") == "error":
                 first = (out.get("evalue") or "").strip().splitlines()
                 if out.get("ename") == "NotImplementedError":
-                    messages[meta["grade_id"]] = "not done yet (the skeleton still raises NotImplementedError)"
+                    where = _innermost_function("\n".join(out.get("traceback", [])))
+                    messages[meta["grade_id"]] = f"not done yet ({where or 'the skeleton'} still raises NotImplementedError)"
                 else:
                     messages[meta["grade_id"]] = f"{out.get('ename')}: {first[0] if first else ''}".strip()
                 break
@@ -119,6 +120,13 @@ def _cell_messages(notebook_path: Path) -> dict[str, str]:
                 messages[meta["grade_id"]] = f"wrote to stderr: {text[0] if text else ''}"
                 break
     return messages
+
+
+def _innermost_function(traceback_text: str) -> str:
+    """The function named by the last 'in name(' frame of an IPython traceback."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", traceback_text)
+    names = [n for n in re.findall(r"\bin (\w+)\(", plain) if n != "call"]
+    return names[-1] if names else ""
 
 
 def read_grades(course_root: Path, slug: str, student: str) -> list[CellGrade]:

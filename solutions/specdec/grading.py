@@ -78,7 +78,7 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-Result = tuple[str, "list[CellGrade] | str"]
+Result = tuple[str, list[CellGrade] | str]
 
 
 def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> list[Result]:

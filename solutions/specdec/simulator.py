@@ -139,8 +139,13 @@ def simulator(scenario: Scenario | None = None):
             controls["bandwidth_gbs"].value = chosen.bandwidth / 1e9  # triggers redraw
             redraw()
 
+    def custom_bandwidth(change) -> None:
+        if gpu.value in gpus and change["new"] != gpus[gpu.value].bandwidth / 1e9:
+            gpu.value = "(custom)"  # the preset no longer describes the sliders
+
     for widget in controls.values():
         widget.observe(redraw, names="value")
+    controls["bandwidth_gbs"].observe(custom_bandwidth, names="value")
     gpu.observe(pick_gpu, names="value")
     redraw()
     left = widgets.VBox([controls["a"], controls["gamma"], controls["c"]])

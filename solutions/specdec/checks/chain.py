@@ -8,11 +8,11 @@ from collections.abc import Callable
 import torch
 
 from specdec import chain
-from specdec.checks.core import CheckFailure, call, close, diagnose
+from specdec.checks.core import CheckFailure, call, compare_cases
 from specdec.checks.greedy import CountingLM
 from specdec.checks.stats import compare_frequencies
 from specdec.greedy import PAD
-from specdec.mistakes.chain import for_exercise
+from specdec.mistakes import for_exercise
 from specdec.toy import ToyLM
 
 _SEED = 4
@@ -44,7 +44,7 @@ def _describe(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> str:
     return f"draft={draft.tolist()}, p={rows(p)}, q={rows(q)}"
 
 
-def check_verify_chain(fn: Callable, n: int = 4000) -> None:
+def check_verify_chain(fn: Callable, n: int = 3000) -> None:
     """Seeded Monte Carlo of the committed tuple against its exact distribution, per scenario."""
     for desc, p, q, draft in _scenarios():
         label = f"verify_chain({desc}; {_describe(p, q, draft)})"
@@ -68,13 +68,7 @@ def check_expected_committed_length(fn: Callable) -> None:
     rng = random.Random(_SEED)
     cases = [[], [1.0] * 5, [0.0, 1.0, 1.0], [0.9, 0.8, 0.7, 0.6], [0.5], [1.0, 0.0, 1.0]]
     cases += [[rng.random() for _ in range(rng.randint(1, 12))] for _ in range(30)]
-    mistakes = for_exercise("expected_committed_length")
-    for rates in cases:
-        label = f"expected_committed_length({[round(a, 4) for a in rates]})"
-        got = call(fn, label, rates)
-        expected = chain.expected_committed_length(rates)
-        if not close(got, expected, rel=1e-9):
-            raise CheckFailure(f"{label}: expected {expected:.6g}, got {got!r}." + diagnose(mistakes, got, (rates,)))
+    compare_cases(fn, chain.expected_committed_length, [(str([round(a, 4) for a in r]), (r,)) for r in cases])
 
 
 def check_best_gamma_measured(fn: Callable) -> None:
@@ -93,13 +87,12 @@ def check_best_gamma_measured(fn: Callable) -> None:
         rates = [rng.uniform(0.3, 1.0) for _ in range(G)]
         verify = sorted(rng.uniform(0.01, 0.05) for _ in range(rng.randint(1, G)))
         cases.append((rates, rng.uniform(0.0, 0.01), verify))
-    mistakes = for_exercise("best_gamma_measured")
-    for rates, draft_s, verify in cases:
-        label = f"best_gamma_measured({[round(a, 3) for a in rates]}, draft_step_s={draft_s:.4g}, verify_s={[round(v, 4) for v in verify]})"
-        got = call(fn, label, rates, draft_s, verify)
-        expected = chain.best_gamma_measured(rates, draft_s, verify)
-        if got != expected:
-            raise CheckFailure(f"{label}: expected {expected}, got {got!r}." + diagnose(mistakes, got, (rates, draft_s, verify), rel=0.0))
+    described = [
+        (f"{[round(a, 3) for a in r]}, draft_step_s={t:.4g}, verify_s={[round(v, 4) for v in v_s]}", (r, t, v_s))
+        for r, t, v_s in cases
+    ]
+    compare_cases(fn, chain.best_gamma_measured, described, rel=0.0, integer=True,
+                  requires=[("expected_committed_length", check_expected_committed_length)])
 
 
 def check_verify_chain_batched(fn: Callable, rows_per_scenario: int = 4000) -> None:

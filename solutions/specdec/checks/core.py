@@ -1,13 +1,14 @@
-"""Building blocks of the checks: comparing a learner's result and explaining a failure."""
+"""Building blocks of the checks: calling a learner's function, comparing, explaining a failure."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+import traceback
+from collections.abc import Callable, Iterable, Sequence
 from numbers import Integral, Real
 from typing import Any
 
-from specdec.mistakes import Mistake
+from specdec.mistakes import Mistake, for_exercise
 
 
 class CheckFailure(AssertionError):
@@ -28,12 +29,26 @@ def fmt(value: Any) -> str:
     return repr(value)
 
 
+def _raiser(err: BaseException) -> str:
+    """Name of the function in which an exception was raised (innermost frame)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return frames[-1].name if frames else ""
+
+
+def not_implemented(fn: Callable, label: str, err: NotImplementedError) -> CheckFailure:
+    """The failure for a skeleton that still raises NotImplementedError (here or in a callee)."""
+    name, where = getattr(fn, "__name__", ""), _raiser(err)
+    if where and where != name and not where.startswith("<"):
+        return CheckFailure(f"{label} calls {where}, which is not implemented yet (it still raises NotImplementedError)")
+    return CheckFailure(f"{label}: not implemented yet (the skeleton still raises NotImplementedError)")
+
+
 def call(fn: Callable, label: str, *args: Any) -> Any:
     """Call the learner's function, turning an exception into a readable failure."""
     try:
         return fn(*args)
-    except NotImplementedError:
-        raise CheckFailure(f"{label}: not implemented yet (the skeleton still raises NotImplementedError)") from None
+    except NotImplementedError as err:
+        raise not_implemented(fn, label, err) from None
     except CheckFailure:
         raise
     except Exception as err:  # the learner's bug, reported with its input
@@ -50,62 +65,117 @@ def close(got: Any, expected: float, rel: float = 1e-9, abs_tol: float = 0.0) ->
     return math.isclose(got, expected, rel_tol=rel, abs_tol=abs_tol)
 
 
-def diagnose(mistakes: Iterable[Mistake], got: Any, args: tuple, rel: float = 1e-9) -> str:
-    """The hint of the first catalogued mistake that reproduces the learner's result."""
-    for mistake in mistakes:
+def _reproduces(mistake: Mistake, history: Sequence[tuple[tuple, Any]], rel: float) -> bool:
+    """True when the mistake gives the learner's output (or crash) on every recorded input."""
+    for args, got in history:
         try:
             wrong = mistake.fn(*args)
-        except Exception:
+        except Exception as err:
+            if not (isinstance(got, BaseException) and type(got) is type(err)):
+                return False
             continue
-        if isinstance(wrong, Real) and close(got, float(wrong), rel=rel):
-            return f" This is what you get when: {mistake.hint}"
+        if isinstance(got, BaseException):
+            return False
+        same = close(got, float(wrong), rel=rel) if isinstance(wrong, Real) else _same(wrong, got)
+        if not same:
+            return False
+    return True
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality that also compares tensors and tuples of tensors."""
+    import torch
+
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            return False
+        if a.is_floating_point() or b.is_floating_point():
+            return bool(torch.allclose(a.double(), b.double(), atol=1e-9, equal_nan=True))
+        return bool(torch.equal(a, b))
+    return a == b
+
+
+def diagnose(mistakes: Iterable[Mistake], history: Sequence[tuple[tuple, Any]], rel: float = 1e-9) -> str:
+    """The hint of the first catalogued mistake that reproduces everything the learner returned."""
+    for mistake in mistakes:
+        if _reproduces(mistake, history, rel):
+            return f" Likely mistake: {mistake.hint}"
     return ""
 
 
-def expect_equal(got: Any, expected: Any, label: str, hint: str = "") -> None:
-    """Visible-test helper: exact equality, with both values in the message."""
+def _label(fn: Callable, args: tuple, label: str | None) -> str:
+    return label or f"{getattr(fn, '__name__', 'function')}({', '.join(fmt(a) for a in args)})"
+
+
+def expect_equal(fn: Callable, args: tuple, expected: Any, label: str | None = None) -> None:
+    """Visible test: fn(*args) == expected exactly (an int stays an int)."""
+    label = _label(fn, args, label)
+    got = call(fn, label, *args)
     if isinstance(expected, Integral) and isinstance(got, Real) and not isinstance(got, Integral):
         if float(got).is_integer() and int(got) == expected:
             raise CheckFailure(f"{label} returned the float {fmt(got)}; return an int (use // or int()).")
     if got != expected:
-        raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{(' ' + hint) if hint else ''}")
+        hint = diagnose(for_exercise(fn.__name__), [(args, got)], rel=0.0)
+        raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}")
 
 
-def expect_close(got: Any, expected: float, label: str, rel: float = 1e-6, hint: str = "") -> None:
-    """Visible-test helper: equality up to a relative tolerance."""
+def expect_close(fn: Callable, args: tuple, expected: float, label: str | None = None, rel: float = 1e-6) -> None:
+    """Visible test: fn(*args) equals expected up to a relative tolerance."""
+    label = _label(fn, args, label)
+    got = call(fn, label, *args)
     if not close(got, expected, rel=rel):
-        raise CheckFailure(
-            f"{label}: expected {fmt(expected)} (relative tolerance {rel:g}), got {fmt(got)}."
-            f"{(' ' + hint) if hint else ''}"
-        )
+        hint = diagnose(for_exercise(fn.__name__), [(args, got)], rel=rel)
+        raise CheckFailure(f"{label}: expected {fmt(expected)} (relative tolerance {rel:g}), got {fmt(got)}.{hint}")
+
+
+def _upstream_note(fn: Callable, requires: Sequence[tuple[str, Callable[[Callable], None]]]) -> str:
+    """If fn calls another exercise of the learner's that fails its own check, say so."""
+    learner_globals = getattr(fn, "__globals__", {})
+    for name, check in requires:
+        upstream = learner_globals.get(name)
+        if upstream is None:
+            continue
+        try:
+            check(upstream)
+        except CheckFailure:
+            return f" ({fn.__name__} calls your {name}, which fails its own test: fix that first.)"
+    return ""
 
 
 def compare_cases(
     fn: Callable,
     reference: Callable,
     cases: Iterable[tuple[str, tuple]],
-    mistakes: Iterable[Mistake] = (),
     *,
     rel: float = 1e-9,
     integer: bool = False,
-    note: str = "",
+    requires: Sequence[tuple[str, Callable[[Callable], None]]] = (),
 ) -> int:
-    """Run fn and reference on every case; fail on the first disagreement.
-
-    Each case is (description, args). Returns the number of cases checked.
-    """
-    mistakes = list(mistakes)
+    """Run fn and reference on every case (description, args); fail on the first disagreement,
+    naming the input and, when a catalogued mistake reproduces every answer so far, its hint.
+    Returns the number of cases checked."""
     name = reference.__name__  # the learner implements the function of the same name
+    mistakes = for_exercise(name)
+    history: list[tuple[tuple, Any]] = []
     count = 0
     for description, args in cases:
         label = f"{name}({description})"
         expected = reference(*args)
-        got = call(fn, label, *args)
+        try:
+            got = fn(*args)
+        except NotImplementedError as err:
+            raise not_implemented(fn, label, err) from None
+        except Exception as err:
+            history.append((args, err))
+            hint = diagnose(mistakes, history, rel=rel)
+            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{_upstream_note(fn, requires)}") from None
         if integer and isinstance(got, Real) and not isinstance(got, Integral):
             raise CheckFailure(f"{label} returned {fmt(got)} of type {type(got).__name__}; return an int.")
+        history.append((args, got))
         if not close(got, expected, rel=rel):
-            message = f"{label}: expected {fmt(expected)}, got {fmt(got)}."
-            message += diagnose(mistakes, got, args, rel=rel)
-            raise CheckFailure(message + (f" {note}" if note else ""))
+            hint = diagnose(mistakes, history, rel=rel)
+            raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}{_upstream_note(fn, requires)}")
         count += 1
     return count

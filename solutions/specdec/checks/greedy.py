@@ -8,28 +8,14 @@ from collections.abc import Callable
 import torch
 
 from specdec import greedy
-from specdec.checks.core import CheckFailure, call
-from specdec.mistakes.greedy import for_exercise
+from specdec.checks.core import CheckFailure, call, diagnose
+from specdec.mistakes import for_exercise
 from specdec.toy import ToyLM, greedy_generate
 
 _SEED = 2
 
 
-def _hint(exercise: str, got, expected_fn, args) -> str:
-    """The hint of a catalogued mistake that gives the same (wrong) output, if any."""
-    for mistake in for_exercise(exercise):
-        try:
-            wrong = mistake.fn(*args)
-        except Exception:
-            continue
-        if _same(got, wrong):
-            return f" This is what you get when: {mistake.hint}"
-    return ""
-
-
 def _same(a, b) -> bool:
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and torch.equal(a.long(), b.long())
     return a == b
@@ -49,7 +35,7 @@ def check_round_shapes(fn: Callable) -> None:
                     if value != getattr(expected, name):
                         raise CheckFailure(
                             f"{label}.{name}: expected {getattr(expected, name)}, got {value!r}."
-                            + _hint("round_shapes", got, None, (P, gamma, k))
+                            + diagnose(for_exercise("round_shapes"), [((P, gamma, k), got)])
                         )
 
 
@@ -84,7 +70,7 @@ def check_greedy_verify(fn: Callable) -> None:
         if not _same(got, expected):
             raise CheckFailure(
                 f"{label}: {k} draft(s) match before the first mismatch, so expected {expected.tolist()}, "
-                f"got {got.tolist()}." + _hint("greedy_verify", got, None, (draft, logits))
+                f"got {got.tolist()}." + diagnose(for_exercise("greedy_verify"), [((draft, logits), got)])
             )
 
 
@@ -113,13 +99,13 @@ def check_greedy_verify_batched(fn: Callable) -> None:
             if not isinstance(n_committed, torch.Tensor) or not _same(n_committed.reshape(-1), expected_n):
                 raise CheckFailure(f"{label}: n_committed should be {expected_n.tolist()}, got "
                                    f"{n_committed.tolist() if isinstance(n_committed, torch.Tensor) else n_committed!r}."
-                                   + _hint("greedy_verify_batched", got, None, (draft, logits)))
+                                   + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)]))
             if not _same(tokens, expected_tokens):
                 row = next(b for b in range(B) if not torch.equal(tokens[b].long(), expected_tokens[b]))
                 raise CheckFailure(
                     f"{label}: row {row} (draft {draft[row].tolist()}, target argmax {target[row].tolist()}) should be "
                     f"{expected_tokens[row].tolist()}, got {tokens[row].tolist()} (PAD = {greedy.PAD})."
-                    + _hint("greedy_verify_batched", got, None, (draft, logits))
+                    + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)])
                 )
 
 
@@ -144,10 +130,10 @@ def check_speculative_greedy_generate(fn: Callable) -> None:
     for seed, V, noise in ((0, 10, 1.0), (1, 10, 3.0), (2, 5, 0.0), (3, 30, 2.0)):
         target = ToyLM(V, seed=seed)
         draft = target.noisy_copy(noise, seed=seed + 100)
-        for prompt in ([1], [5, 9], [2, 3, 4]):
+        for prompt in ([1], [5 % V, 9 % V], [2, 3, 4]):
             prompt_t = torch.tensor(prompt)
             for gamma in (1, 3, 5):
-                for n_tokens in (1, 7, 40):
+                for n_tokens in (40, 7, 1):
                     label = f"speculative_greedy_generate(V={V}, draft noise={noise}, prompt={prompt}, n_tokens={n_tokens}, gamma={gamma})"
                     counting = CountingLM(target)
                     got = call(fn, label, counting, draft, prompt_t, n_tokens, gamma)
@@ -159,10 +145,11 @@ def check_speculative_greedy_generate(fn: Callable) -> None:
                     if not isinstance(tokens, torch.Tensor) or not _same(tokens, expected):
                         shown = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
                         raise CheckFailure(f"{label}: expected the target's greedy tokens {expected.tolist()}, got {shown}."
-                                           + _hint("speculative_greedy_generate", got, None, (target, draft, prompt_t, n_tokens, gamma)))
+                                           + diagnose(for_exercise("speculative_greedy_generate"), [((target, draft, prompt_t, n_tokens, gamma), got)]))
                     if list(per_round) != expected_rounds:
                         raise CheckFailure(f"{label}: tokens committed per round should be {expected_rounds}, got {list(per_round)}."
-                                           " Each round commits the accepted drafts plus one target token.")
+                                           " Each round commits the accepted drafts plus one target token."
+                                           + diagnose(for_exercise("speculative_greedy_generate"), [((target, draft, prompt_t, n_tokens, gamma), got)]))
                     if counting.calls != len(expected_rounds):
                         raise CheckFailure(f"{label}: the target was called {counting.calls} times for {len(expected_rounds)} rounds; "
                                            "score the last committed token and all gamma drafts in one target.logits call per round.")

@@ -21,3 +21,19 @@ class Mistake:
     name: str
     fn: Callable[..., Any]
     hint: str
+
+
+#: The modules of the catalogue, one per notebook.
+MODULES = ("ledger", "greedy", "rejection", "chain")
+
+
+def catalogue() -> list[Mistake]:
+    """Every catalogued mistake of the course."""
+    import importlib
+
+    return [m for name in MODULES for m in importlib.import_module(f"specdec.mistakes.{name}").MISTAKES]
+
+
+def for_exercise(exercise: str) -> list[Mistake]:
+    """The catalogued mistakes aimed at one exercise (a function name)."""
+    return [m for m in catalogue() if m.exercise == exercise]

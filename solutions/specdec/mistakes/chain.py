@@ -121,7 +121,3 @@ def _round_draft_t1(target, draft, context, gamma, temperature, generator):
         q_rows.append(q_i)
     p = probs_from_logits(target.logits(proposal)[-(gamma + 1):], temperature)
     return verify_chain(p, torch.stack(q_rows), proposal[len(context):], generator)
-
-
-def for_exercise(exercise: str) -> list[Mistake]:
-    return [m for m in MISTAKES if m.exercise == exercise]

@@ -128,7 +128,3 @@ MISTAKES: list[Mistake] = [
     Mistake("speculative_greedy_generate", "one_row_short", _generate_one_row_short,
             "the target's last row (the bonus position) is dropped: score gamma + 1 positions."),
 ]
-
-
-def for_exercise(exercise: str) -> list[Mistake]:
-    return [m for m in MISTAKES if m.exercise == exercise]

@@ -8,12 +8,12 @@ from specdec.tables import ModelConfig
 
 
 def _params(cfg: ModelConfig, *, kv_heads: int | None = None, mlp_mats: int = 3, norms: bool = True,
-            lm_head: bool | None = None) -> int:
+            final_norm: bool = True, lm_head: bool | None = None) -> int:
     d, hd = cfg.d_model, cfg.head_dim
     kv = cfg.n_kv_heads if kv_heads is None else kv_heads
     per_layer = 2 * d * cfg.n_heads * hd + 2 * d * kv * hd + mlp_mats * d * cfg.d_ff + (2 * d if norms else 0)
     head = (not cfg.tied_embeddings) if lm_head is None else lm_head
-    return cfg.vocab_size * d * (2 if head else 1) + cfg.n_layers * per_layer + (d if norms else 0)
+    return cfg.vocab_size * d * (2 if head else 1) + cfg.n_layers * per_layer + (d if norms and final_norm else 0)
 
 
 def _expected_linear(a: float, gamma: int) -> float:
@@ -56,6 +56,8 @@ MISTAKES: list[Mistake] = [
             "the MLP has two matrices; SwiGLU has three (gate, up and down)."),
     Mistake("count_params", "no_norms", lambda cfg: _params(cfg, norms=False),
             "the RMSNorm weights are left out: two d_model vectors per layer plus a final one."),
+    Mistake("count_params", "no_final_norm", lambda cfg: _params(cfg, final_norm=False),
+            "the final RMSNorm (d_model weights after the last layer) is left out."),
     # decode_step_floor_s / tokens_per_s_cap
     Mistake("decode_step_floor_s", "ignores_bytes", lambda n, b, bw: n / bw,
             "the parameter count is divided by bandwidth; multiply by bytes_per_param first (bandwidth is bytes/s)."),
@@ -66,6 +68,8 @@ MISTAKES: list[Mistake] = [
     Mistake("tokens_per_s_cap", "returns_step_time", lambda n, b, bw: n * b / bw,
             "the step time is returned; tokens per second is its reciprocal."),
     # kv_bytes_per_token
+    Mistake("kv_bytes_per_token", "fp16_hard_coded", lambda cfg, b=2: 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2,
+            "2 bytes per element is hard-coded; use bytes_per_elem (FP32, FP8 and 4-bit caches exist)."),
     Mistake("kv_bytes_per_token", "k_only", lambda cfg, b=2: cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * b,
             "only K is counted; the cache holds K and V (a factor 2)."),
     Mistake("kv_bytes_per_token", "uses_n_heads", lambda cfg, b=2: 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * b,
@@ -100,11 +104,10 @@ MISTAKES: list[Mistake] = [
             "memory and compute time are added; they overlap, so the step takes the larger of the two."),
     Mistake("roofline_step_time_s", "one_flop_per_param", lambda n, b, t, bw, f: max(n * b / bw, n * t / f),
             "one FLOP per parameter per token; a multiply-add is 2 FLOPs."),
+    Mistake("roofline_step_time_s", "fp16_hard_coded", lambda n, b, t, bw, f: max(n * 2 / bw, 2 * n * t / f),
+            "2 bytes per parameter is hard-coded in the memory time; use bytes_per_param."),
+    Mistake("roofline_step_time_s", "bytes_as_flops", lambda n, b, t, bw, f: max(n * b / bw, n * b * t / f),
+            "bytes_per_param is used in the compute time; a parameter costs 2 FLOPs per token whatever its precision."),
     Mistake("roofline_step_time_s", "ignores_tokens", lambda n, b, t, bw, f: max(n * b / bw, 2 * n / f),
             "the compute time ignores n_tokens; every scored position costs 2 FLOPs per parameter."),
 ]
-
-
-def for_exercise(exercise: str) -> list[Mistake]:
-    """The catalogued mistakes aimed at one exercise."""
-    return [m for m in MISTAKES if m.exercise == exercise]

@@ -96,7 +96,3 @@ MISTAKES: list[Mistake] = [
     Mistake("acceptance_rate", "inner_product", lambda p, q: float((p.double() * q.double()).sum()),
             "sum p*q is the chance two independent samples agree (exact-match verification), not the acceptance rate."),
 ]
-
-
-def for_exercise(exercise: str) -> list[Mistake]:
-    return [m for m in MISTAKES if m.exercise == exercise]
