@@ -12,7 +12,7 @@ import torch
 
 from specdec.greedy import PAD
 from specdec.rejection import residual_distribution
-from specdec.sampling import probs_from_logits
+from specdec.sampling import probs_from_logits, sample_from_weights
 from specdec.toy import ToyLM
 from specdec.validate import (
     check_distribution,
@@ -123,13 +123,13 @@ def verify_chain_batched(
     u = torch.rand(B, gamma, generator=generator, dtype=torch.float64)
     n_accepted = (u * q_draft < p_draft).long().cumprod(1).sum(1)  # (B,)
     rows = torch.arange(B)
-    # The extra token comes from the residual at the first rejection, or from p[gamma]
-    # (a zero q row makes the "residual" p itself there).
-    q_padded = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)  # (B, gamma + 1, V)
-    excess = (p[rows, n_accepted] - q_padded[rows, n_accepted]).clamp_min(0)  # (B, V)
-    total = excess.sum(-1, keepdim=True)
-    residual = torch.where(total > 0, excess / total.clamp_min(1e-300), p[rows, n_accepted])
-    extra = torch.multinomial(residual, 1, generator=generator).squeeze(-1)  # (B,)
+    # The extra token comes from the residual at the first rejection, or from p[gamma] after a
+    # full acceptance (there q counts as 0, so the "residual" is p[gamma] itself).
+    p_at = p[rows, n_accepted]  # (B, V)
+    q_at = q[rows, n_accepted.clamp(max=gamma - 1)] * (n_accepted < gamma)[:, None]  # (B, V)
+    excess = (p_at - q_at).clamp_min(0)  # the residual, unnormalised
+    weights = torch.where(excess.sum(-1, keepdim=True) > 0, excess, p_at)  # p == q: nothing to correct, use p
+    extra = sample_from_weights(weights, generator)  # (B,)
     positions = torch.arange(gamma + 1)
     padded_draft = torch.cat([draft, torch.full_like(draft[:, :1], PAD)], dim=1)  # (B, gamma + 1)
     tokens = torch.where(positions < n_accepted[:, None], padded_draft, torch.full_like(padded_draft, PAD))

@@ -28,3 +28,18 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     """One token id per row of probs (..., V) -> (...)."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def sample_from_weights(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of non-negative, unnormalised weights (B, V) -> (B,), by inverse CDF.
+
+    Drawing u * total and finding where it falls in the cumulative sum samples row b with
+    probability weights[b] / weights[b].sum() without dividing, and costs one cumsum
+    (torch.multinomial is far slower for a large V on CPU). Rows must have a positive sum.
+    """
+    cdf = weights.to(torch.float64).cumsum(-1)  # (B, V)
+    total = cdf[:, -1:]  # (B, 1)
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64)
+    index = torch.searchsorted(cdf, u * total, right=True)  # (B, 1): first cdf entry above the draw
+    last_positive = weights.shape[-1] - 1 - (weights > 0).flip(-1).to(torch.int8).argmax(-1, keepdim=True)
+    return torch.minimum(index, last_positive).squeeze(-1)  # guards u * total rounding up to total

@@ -63,11 +63,11 @@ def check_distribution(p: object, name: str, ndim: int = 1, atol: float = 1e-5) 
     check_tensor(p, name, ndim, floating=True)
     if p.shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary dimension")
-    if not torch.isfinite(p).all():
+    sums = p.sum(-1, dtype=torch.float64)  # NaN and inf propagate into the sums: one pass finds both
+    if not torch.isfinite(sums).all():
         raise ValueError(f"{name} contains NaN or inf")
-    if (p < 0).any():
+    if p.min() < 0:
         raise ValueError(f"{name} has negative probabilities (min {p.min().item():.3g}); pass probabilities, not logits")
-    sums = p.sum(-1, dtype=torch.float64)
     worst = (sums - 1).abs().max().item()
     if worst > atol:
         raise ValueError(f"{name} must sum to 1 along its last dimension (off by up to {worst:.3g}); normalise it")
