@@ -24,7 +24,7 @@ from specdec.validate import (
 )
 
 
-def _check_chain(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, batched: bool) -> None:
+def check_chain(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, batched: bool) -> None:
     ndim = 3 if batched else 2
     check_distribution(p, "p", ndim)
     check_distribution(q, "q", ndim)
@@ -54,7 +54,7 @@ def verify_chain(
     commit a token from the residual of p[i] and q[i] and stop; if every draft passes,
     commit a bonus token sampled from p[gamma].
     """
-    _check_chain(p, q, draft, batched=False)
+    check_chain(p, q, draft, batched=False)
     ### BEGIN SOLUTION
     gamma = draft.shape[0]
     committed = []
@@ -114,7 +114,7 @@ def verify_chain_batched(
     p: (B, gamma + 1, V); q: (B, gamma, V); draft: (B, gamma). Returns tokens
     (B, gamma + 1), each row its committed tokens then PAD, and n_committed (B,).
     """
-    _check_chain(p, q, draft, batched=True)
+    check_chain(p, q, draft, batched=True)
     ### BEGIN SOLUTION
     B, gamma = draft.shape
     p, q = p.to(torch.float64), q.to(torch.float64)
@@ -167,7 +167,7 @@ def speculative_round(
 
 def outcome_distribution(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> dict[tuple[int, ...], float]:
     """Exact distribution of verify_chain's output for a fixed draft: committed tuple -> probability."""
-    _check_chain(p, q, draft, batched=False)
+    check_chain(p, q, draft, batched=False)
     p, q = p.to(torch.float64), q.to(torch.float64)
     gamma = draft.shape[0]
     out: dict[tuple[int, ...], float] = {}

@@ -11,14 +11,14 @@ import torch
 from specdec.validate import check_distribution, check_probability, check_token_ids
 
 
-def _check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
+def check_pair(p: torch.Tensor, q: torch.Tensor) -> None:
     check_distribution(p, "p")
     check_distribution(q, "q")
     if p.shape != q.shape:
         raise ValueError(f"p and q must have the same shape, got {tuple(p.shape)} and {tuple(q.shape)}")
 
 
-def _check_draft(q: torch.Tensor, y: int) -> None:
+def check_draft_token(q: torch.Tensor, y: int) -> None:
     check_token_ids(torch.as_tensor(y), "y", q.shape[-1], ndim=0)
     if q[y] <= 0:
         raise ValueError(f"q[y] = 0 for the draft token y = {y}: the draft cannot have sampled it (wrong q?)")
@@ -26,8 +26,8 @@ def _check_draft(q: torch.Tensor, y: int) -> None:
 
 def acceptance_probability(p: torch.Tensor, q: torch.Tensor, y: int) -> float:
     """Probability of accepting the draft token y: min(1, p(y) / q(y))."""
-    _check_pair(p, q)
-    _check_draft(q, y)
+    check_pair(p, q)
+    check_draft_token(q, y)
     ### BEGIN SOLUTION
     return min(1.0, float(p[y]) / float(q[y]))
     ### END SOLUTION
@@ -39,7 +39,7 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     When p == q nothing is ever rejected and the residual is 0/0; return p then (any
     distribution would do, and p keeps the sampler well defined), never NaN.
     """
-    _check_pair(p, q)
+    check_pair(p, q)
     ### BEGIN SOLUTION
     excess = (p.to(torch.float64) - q.to(torch.float64)).clamp_min(0)
     total = excess.sum()
@@ -58,8 +58,8 @@ def verify_token(
     otherwise draw the output from the residual (with ``generator``). Returns
     (accepted, output token).
     """
-    _check_pair(p, q)
-    _check_draft(q, y)
+    check_pair(p, q)
+    check_draft_token(q, y)
     check_probability(u, "u")
     ### BEGIN SOLUTION
     if u * float(q[y]) < float(p[y]):  # u < p/q without dividing; p(y) = 0 never passes
@@ -76,7 +76,7 @@ def output_paths(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.
     probability that the draft proposes x and it is accepted; reject_path[x] that some
     draft is rejected and x is drawn from the residual. Their sum is the output distribution.
     """
-    _check_pair(p, q)
+    check_pair(p, q)
     ### BEGIN SOLUTION
     p, q = p.to(torch.float64), q.to(torch.float64)
     accept = torch.where(q > 0, torch.minimum(torch.ones_like(p), p / q.clamp_min(1e-300)), torch.zeros_like(p))
@@ -88,7 +88,7 @@ def output_paths(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> float:
     """Probability that a draft token y ~ q is accepted: sum of min(p, q) = 1 - TV(p, q)."""
-    _check_pair(p, q)
+    check_pair(p, q)
     ### BEGIN SOLUTION
     return float(torch.minimum(p.to(torch.float64), q.to(torch.float64)).sum())
     ### END SOLUTION
@@ -99,7 +99,7 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> float:
 
 def monte_carlo_output(p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
     """Empirical output distribution of n independent vectorised rounds. (V,) float64."""
-    _check_pair(p, q)
+    check_pair(p, q)
     p, q = p.to(torch.float64), q.to(torch.float64)
     y = torch.multinomial(q, n, replacement=True, generator=generator)  # (n,)
     u = torch.rand(n, generator=generator, dtype=torch.float64)  # (n,)

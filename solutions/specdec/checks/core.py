@@ -98,7 +98,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def diagnose(mistakes: Iterable[Mistake], history: Sequence[tuple[tuple, Any]], rel: float = 1e-9) -> str:
-    """The hint of the first catalogued mistake that reproduces everything the learner returned."""
+    """The hint of the first catalogued mistake that reproduces everything the learner returned.
+
+    Random samplers (a torch.Generator among the arguments) get no hint: a wrong sampler
+    can agree with the learner's by chance."""
+    import torch
+
+    if any(isinstance(a, torch.Generator) for args, _ in history for a in args):
+        return ""
     for mistake in mistakes:
         if _reproduces(mistake, history, rel):
             return f" Likely mistake: {mistake.hint}"
