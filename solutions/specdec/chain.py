@@ -20,18 +20,20 @@ from specdec.validate import (
     check_positive_int,
     check_positive_real,
     check_probability,
+    check_tensor,
     check_token_ids,
 )
 
 
 def check_chain(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, batched: bool) -> None:
     ndim = 3 if batched else 2
-    check_distribution(p, "p", ndim)
-    check_distribution(q, "q", ndim)
-    check_token_ids(draft, "draft", p.shape[-1], ndim - 1)
+    check_tensor(draft, "draft", ndim - 1, floating=False)
     gamma = draft.shape[-1]
     if gamma < 1:
         raise ValueError("gamma must be >= 1: there is nothing to verify")
+    check_distribution(p, "p", ndim)
+    check_distribution(q, "q", ndim)
+    check_token_ids(draft, "draft", p.shape[-1], ndim - 1)
     lead = tuple(draft.shape[:-1])
     if tuple(q.shape) != (*lead, gamma, p.shape[-1]) or tuple(p.shape[:-1]) != (*lead, gamma + 1):
         raise ValueError(
