@@ -1,0 +1,201 @@
+"""A small Llama-style decoder with a KV cache, in the spirit of nanoGPT's model.py.
+
+RMSNorm, rotary positions (the "rotate half" layout), SwiGLU MLP, grouped-query
+attention, no biases; parameter names follow Hugging Face's LlamaForCausalLM so a
+checkpoint converts by renaming nothing. The cache supports appending several
+positions in one forward, cropping to a length (the speculative rollback), and an
+explicit attention mask over cached + new positions (tree attention, notebook 07).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    d_ff: int = 688
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"need n_kv_heads | n_heads | d_model, got {self.n_kv_heads}, {self.n_heads}, {self.d_model}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVCache:
+    """K and V for every layer: (n_layers, B, n_kv_heads, max_len, head_dim), valid up to ``length``."""
+
+    def __init__(self, config: LlamaConfig, batch_size: int = 1, max_len: int | None = None,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.max_len = max_len or config.max_seq_len
+        shape = (config.n_layers, batch_size, config.n_kv_heads, self.max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0  # positions 0..length-1 hold valid entries
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, n_kv_heads, T, head_dim) at length..length+T-1; return all valid K, V."""
+        T = k.shape[2]
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: {self.length} cached + {T} new > max_len {self.max_len}")
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        """Mark n more positions as valid (after every layer has written them)."""
+        self.length += n
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first ``length`` positions; later entries are overwritten next time."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.length = length
+
+
+def rope_tables(config: LlamaConfig, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (max_seq_len, head_dim), in the "rotate half" layout."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float32, device=device) / half))
+    angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float32, device=device), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, hd) rotated by position: cos, sin (T, hd) or (B, 1, T, hd)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        d, hd = config.d_model, config.head_dim
+        self.q_proj = nn.Linear(d, config.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, config.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(config.n_heads * hd, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: KVCache | None, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        c = self.config
+        q = self.q_proj(x).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.v_proj(x).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)  # (B, KV, L, hd): cached + new
+        groups = c.n_heads // c.n_kv_heads
+        k = k.repeat_interleave(groups, dim=1)  # (B, H, L, hd)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)  # (B, H, T, L)
+        if mask is None and T > 1:  # causal over the new positions, everything cached is visible
+            L = k.shape[2]
+            mask = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, H, T, hd)
+        # (Written out rather than F.scaled_dot_product_attention: its CPU kernel is slow for
+        # one or a few query positions, the decode case.)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, layer, cache, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """tokens (B, T) -> logits (B, T, V). With a cache, the tokens continue what it holds."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        cos, sin = rope_tables(config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T); position_ids (T,) default cache.length + arange(T); mask (T, L) bool,
+        True where a new position may attend (L = cached + T), default causal."""
+        B, T = tokens.shape
+        start = cache.length if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=tokens.device)
+        if int(position_ids.max()) >= self.config.max_seq_len:
+            raise ValueError(f"position {int(position_ids.max())} is beyond max_seq_len {self.config.max_seq_len}")
+        cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (T, hd)
+        x = self.embed_tokens(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache, mask)
+        if cache is not None:
+            cache.advance(T)
+        return self.lm_head(self.norm(x))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
