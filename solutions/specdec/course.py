@@ -112,6 +112,9 @@ def _cell_messages(notebook_path: Path) -> dict[str, str]:
                 if out.get("ename") == "NotImplementedError":
                     where = _innermost_function("\n".join(out.get("traceback", [])))
                     messages[meta["grade_id"]] = f"not done yet ({where or 'the skeleton'} still raises NotImplementedError)"
+                elif out.get("ename") in ("KeyboardInterrupt", "CellTimeoutError"):
+                    messages[meta["grade_id"]] = ("the cell ran past the per-cell time limit and was stopped: the code it "
+                                                  "tests is too slow or never finishes")
                 elif out.get("ename") == "CheckFailure":  # the course's own checks: the message says it all
                     messages[meta["grade_id"]] = first[0] if first else "check failed"
                 else:

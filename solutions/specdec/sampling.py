@@ -1,7 +1,8 @@
 """Turning logits into the distribution a sampler actually draws from.
 
-Draft and target must use the same rule (temperature here; top-k/top-p later), or the
-verification is exact for the wrong distribution.
+Verification is exact only for the distributions it is given: q must be what the draft
+really sampled from, and p must apply the request's settings (temperature here; top-k
+and top-p later).
 """
 
 from __future__ import annotations

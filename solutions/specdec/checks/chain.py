@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from specdec import chain
-from specdec.checks.core import CheckFailure, call, compare_cases
+from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, upstream_note
 from specdec.checks.greedy import CountingLM
 from specdec.checks.stats import compare_frequencies
 from specdec.greedy import PAD
@@ -59,8 +59,8 @@ def check_verify_chain(fn: Callable, n: int = 3000) -> None:
 
 
 def _sampler_hint(exercise: str) -> str:
-    names = ", ".join(m.hint.split(";")[0] for m in for_exercise(exercise))
-    return f"Common causes: {names}."
+    causes = "; ".join(m.hint.split(";")[0].rstrip(".") for m in for_exercise(exercise))
+    return f"Common causes: {causes}."
 
 
 def check_expected_committed_length(fn: Callable) -> None:
@@ -119,6 +119,16 @@ def check_verify_chain_batched(fn: Callable, rows_per_scenario: int = 4000) -> N
     desc, p, q, draft = _scenarios()[0]
     got = call(fn, "verify_chain_batched(B=1)", p[None], q[None], draft[None], torch.Generator().manual_seed(0))
     _unpack(got, "verify_chain_batched(B=1)", 1, len(draft))
+    expect_no_loop_over(fn, "verify_chain_batched", _batch(8, 3), _batch(64, 3), "rows")
+    expect_no_loop_over(fn, "verify_chain_batched", _batch(8, 1), _batch(8, 5), "positions")
+
+
+def _batch(B: int, gamma: int, V: int = 6) -> tuple:
+    g = torch.Generator().manual_seed(B * 100 + gamma)
+    p = torch.softmax(torch.randn(B, gamma + 1, V, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(B, gamma, V, generator=g, dtype=torch.float64), -1)
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(B, gamma)
+    return p, q, draft, g
 
 
 def _unpack(got, label: str, B: int, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +150,16 @@ def _unpack(got, label: str, B: int, gamma: int) -> tuple[torch.Tensor, torch.Te
 
 def check_speculative_round(fn: Callable, n: int = 2500) -> None:
     """Exact round distributions (by enumeration) at temperatures 0, 0.5, 1 and 1.5; one target call."""
+    try:
+        _check_round(fn, n)
+    except CheckFailure as failure:
+        note = upstream_note(fn, [("verify_chain", check_verify_chain)])
+        if note:  # the round may be right: point at the function that is wrong
+            raise CheckFailure(str(failure).split(" Common causes:")[0] + note) from None
+        raise
+
+
+def _check_round(fn: Callable, n: int) -> None:
     target = ToyLM(3, seed=7, scale=1.5)
     draft = target.noisy_copy(1.0, seed=8)
     context = torch.tensor([0, 2])
@@ -156,6 +176,14 @@ def check_speculative_round(fn: Callable, n: int = 2500) -> None:
                 raise CheckFailure(f"{label}: return the committed tokens as a 1-D tensor, got {got!r}")
             if counting.calls != 1:
                 raise CheckFailure(f"{label}: the target was called {counting.calls} times; score all gamma + 1 positions in one target.logits call.")
+            if temperature == 0 and len(outputs) == 0:
+                exact0 = chain.round_outcome_distribution(target, draft, context, gamma, 0.0)
+                if tuple(int(t) for t in got) not in exact0:
+                    raise CheckFailure(
+                        f"{label}: at temperature 0 the round must commit the target's greedy tokens {list(next(iter(exact0)))}"
+                        f" (or a prefix of them), got {got.tolist()}. Call target.logits on a sequence that ends with the last"
+                        " committed token and the drafts (the whole proposal), keep its last gamma + 1 rows, and apply the"
+                        " same temperature to p.")
             outputs.append(tuple(int(t) for t in got))
         exact = chain.round_outcome_distribution(target, draft, context, gamma, temperature)
         compare_frequencies(outputs, exact, label, hint=_sampler_hint("speculative_round"))

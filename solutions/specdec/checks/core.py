@@ -137,7 +137,39 @@ def expect_close(fn: Callable, args: tuple, expected: float, label: str | None =
         raise CheckFailure(f"{label}: expected {fmt(expected)} (relative tolerance {rel:g}), got {fmt(got)}.{hint}")
 
 
-def _upstream_note(fn: Callable, requires: Sequence[tuple[str, Callable[[Callable], None]]]) -> str:
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def count_torch_calls(fn: Callable, *args: Any) -> int:
+    """How many torch functions and tensor methods one call of fn makes (to spot Python loops)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Counter(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Counter.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        fn(*args)
+    return Counter.calls
+
+
+def expect_no_loop_over(fn: Callable, label: str, small: tuple, large: tuple, what: str) -> None:
+    """Fail if fn makes more torch calls on the larger input: a Python loop over ``what``."""
+    few, many = count_torch_calls(fn, *small), count_torch_calls(fn, *large)
+    if many > few:
+        raise CheckFailure(
+            f"{label}: {few} torch operations on the small input but {many} on the larger one, so there is a Python "
+            f"loop over {what}. Use whole-tensor operations (comparisons, cumprod, gather, where) instead."
+        )
+
+
+def upstream_note(fn: Callable, requires: Sequence[tuple[str, Callable[[Callable], None]]]) -> str:
     """If fn calls another exercise of the learner's that fails its own check, say so."""
     learner_globals = getattr(fn, "__globals__", {})
     for name, check in requires:
@@ -177,12 +209,15 @@ def compare_cases(
         except Exception as err:
             history.append((args, err))
             hint = diagnose(mistakes, history, rel=rel)
-            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{_upstream_note(fn, requires)}") from None
+            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{upstream_note(fn, requires)}") from None
+        if _is_tensor(got):
+            raise CheckFailure(f"{label} returned a tensor ({got!r}); return a Python {'int' if integer else 'float'} "
+                               f"(use {'int' if integer else 'float'}(...) or .item()).")
         if integer and isinstance(got, Real) and not isinstance(got, Integral):
             raise CheckFailure(f"{label} returned {fmt(got)} of type {type(got).__name__}; return an int.")
         history.append((args, got))
         if not close(got, expected, rel=rel):
             hint = diagnose(mistakes, history, rel=rel)
-            raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}{_upstream_note(fn, requires)}")
+            raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}{upstream_note(fn, requires)}")
         count += 1
     return count

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from specdec import greedy
-from specdec.checks.core import CheckFailure, call, diagnose
+from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, upstream_note
 from specdec.mistakes import for_exercise
 from specdec.toy import ToyLM, greedy_generate
 
@@ -74,8 +74,14 @@ def check_greedy_verify(fn: Callable) -> None:
             )
 
 
+def _batch(B: int, gamma: int, V: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(B, gamma + 1, V, generator=torch.Generator().manual_seed(seed))
+    return logits[:, :gamma].argmax(-1), logits
+
+
 def check_greedy_verify_batched(fn: Callable) -> None:
-    """Ragged batches (B = 1, 2, 7, 64) against the single-sequence reference, row by row."""
+    """Ragged batches (B = 1, 2, 7, 64) against the single-sequence reference, row by row;
+    the same number of torch operations whatever B and gamma (no Python loop)."""
     rng = random.Random(_SEED + 1)
     g = torch.Generator().manual_seed(_SEED)
     for B in (1, 2, 7, 64):
@@ -107,6 +113,9 @@ def check_greedy_verify_batched(fn: Callable) -> None:
                     f"{expected_tokens[row].tolist()}, got {tokens[row].tolist()} (PAD = {greedy.PAD})."
                     + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)])
                 )
+    label = "greedy_verify_batched"
+    expect_no_loop_over(fn, label, _batch(8, 4), _batch(64, 4), "rows")
+    expect_no_loop_over(fn, label, _batch(8, 2), _batch(8, 6), "positions")
 
 
 class CountingLM:
@@ -127,6 +136,16 @@ class CountingLM:
 
 def check_speculative_greedy_generate(fn: Callable) -> None:
     """Output equals target-only greedy decoding, rounds equal the reference's, one target call per round."""
+    try:
+        _check_generate(fn)
+    except CheckFailure as failure:
+        note = upstream_note(fn, [("greedy_verify", check_greedy_verify)])
+        if note:  # the round itself may be right: point at the function that is wrong
+            raise CheckFailure(str(failure).split(" Likely mistake:")[0] + note) from None
+        raise
+
+
+def _check_generate(fn: Callable) -> None:
     for seed, V, noise in ((0, 10, 1.0), (1, 10, 3.0), (2, 5, 0.0), (3, 30, 2.0)):
         target = ToyLM(V, seed=seed)
         draft = target.noisy_copy(noise, seed=seed + 100)

@@ -28,6 +28,7 @@ def _pairs() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ("one-hot q at token 1 (a greedy or n-gram draft)", torch.tensor([0.2, 0.5, 0.3], dtype=d), torch.tensor([0.0, 1.0, 0.0], dtype=d)),
         ("p with zeros", torch.tensor([0.0, 0.7, 0.0, 0.3], dtype=d), torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=d)),
         ("one-hot p", torch.tensor([0.0, 0.0, 1.0], dtype=d), torch.tensor([0.3, 0.3, 0.4], dtype=d)),
+        ("a token with p = q = 0 (top-k truncation)", torch.tensor([0.5, 0.5, 0.0], dtype=d), torch.tensor([0.3, 0.7, 0.0], dtype=d)),
     ]
     g = torch.Generator().manual_seed(_SEED)
     for i in range(15):
@@ -53,7 +54,9 @@ def _tensor_result(got, label: str, V: int) -> torch.Tensor:
         raise CheckFailure(f"{label}: return a tensor of shape ({V},), got {got!r}")
     if torch.isnan(got).any():
         raise CheckFailure(f"{label}: the result contains NaN ({_fmt(got)}). Guard the 0/0 case.")
-    return got.to(torch.float64)
+    if got.dtype != torch.float64:
+        raise CheckFailure(f"{label}: return float64 (got {got.dtype}); exact distributions are computed in float64.")
+    return got
 
 
 def check_residual_distribution(fn: Callable) -> None:
@@ -72,8 +75,9 @@ def check_output_paths(fn: Callable) -> None:
     for desc, p, q in _pairs():
         label = _label("output_paths", desc, p, q)
         got = call(fn, label, p, q)
-        if not (isinstance(got, tuple) and len(got) == 2):
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise CheckFailure(f"{label}: return a pair (accept_path, reject_path), got {type(got).__name__}")
+        got = tuple(got)
         accept_path = _tensor_result(got[0], label + " accept_path", len(p))
         reject_path = _tensor_result(got[1], label + " reject_path", len(p))
         exp_accept, exp_reject = rejection.output_paths(p, q)

@@ -102,10 +102,10 @@ MISTAKES: list[Mistake] = [
             "the draft token is the argmax but q is the softmax: q must be the distribution the token was drawn from (one-hot for a greedy draft)."),
     Mistake("speculative_round", "target_at_temperature_1",
             lambda t, d, c, g, T, gen: _round(t, d, c, g, T, gen, p_temperature=1.0),
-            "the target's probabilities ignore the temperature; p and q must use the same sampling settings."),
+            "the target's probabilities ignore the temperature; p must apply the request's sampling settings."),
     Mistake("speculative_round", "draft_at_temperature_1",
             lambda t, d, c, g, T, gen: _round_draft_t1(t, d, c, g, T, gen),
-            "the draft samples at temperature 1 but the verifier is told the tempered q."),
+            "the draft samples at temperature 1 but the verifier is told the tempered q; q must be what the draft sampled from (here: sample the draft at `temperature`, as stated)."),
 ]
 
 
