@@ -95,6 +95,8 @@ MISTAKES: list[Mistake] = [
             "rows go on after their first rejection (count accepted with a cumulative product, not a sum)."),
     Mistake("verify_chain_batched", "bonus_after_rejection", _batched_bonus_always,
             "a bonus is written after the correction in rows that had a rejection; only fully accepted rows get a bonus."),
+    Mistake("verify_chain_batched", "python_loop", _batched(verify_chain),
+            "right answers from a Python loop over rows: one small operation (and on a GPU one host sync) per position."),
     Mistake("verify_chain_batched", "resample_from_p", _batched(lambda p, q, d, g=None: _chain(p, q, d, g, from_p=True)),
             "the correction is drawn from p instead of the residual."),
     Mistake("speculative_round", "argmax_draft_softmax_q",

@@ -121,6 +121,8 @@ MISTAKES: list[Mistake] = [
             f"unused slots hold 0, a real token id; pad with PAD = {PAD}."),
     Mistake("greedy_verify_batched", "first_row_only", _batched_first_row_only,
             "every row gets row 0's result (batch-1 indexing)."),
+    Mistake("greedy_verify_batched", "python_loop", _batched(greedy_verify),
+            "right answers from a Python loop over rows: one small operation (and on a GPU one host sync) per position."),
     Mistake("speculative_greedy_generate", "unverified_draft", _generate_unverified,
             "the draft's tokens are committed without the target's verification."),
     Mistake("speculative_greedy_generate", "no_trim", _generate_no_trim,
