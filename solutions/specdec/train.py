@@ -21,7 +21,7 @@ from specdec import corpus, tokenizer
 from specdec.model import Llama, LlamaConfig
 from specdec.paths import DATA_DIR
 
-TARGET = LlamaConfig(d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024, max_seq_len=512)
+TARGET = LlamaConfig(d_model=512, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=1024, max_seq_len=512)
 DRAFT = LlamaConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=352, max_seq_len=512)
 
 
