@@ -64,7 +64,19 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
 
 
 def compare(B: int = 64, gamma: int = 4, V: int = 32000, repeats: int = 5, seed: int = 0) -> dict[str, float]:
-    """Median seconds of the loops and the batched verifiers, and the ratios, in one run."""
+    """Median seconds of the loops and the batched verifiers, and the ratios, in one run.
+
+    Both run on one CPU thread: PyTorch's thread pool adds a fixed cost to every small
+    operation that varies from machine to machine and would swamp the comparison."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _compare(B, gamma, V, repeats, seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(B: int, gamma: int, V: int, repeats: int, seed: int) -> dict[str, float]:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(B, gamma + 1, V, generator=g)
     p = torch.softmax(logits.double(), -1)
@@ -90,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--V", type=int, default=32000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    torch.set_num_threads(torch.get_num_threads())
     r = compare(args.B, args.gamma, args.V, args.repeats)
-    print(f"B={args.B} gamma={args.gamma} V={args.V} (median of {args.repeats}, {torch.get_num_threads()} threads)")
+    print(f"B={args.B} gamma={args.gamma} V={args.V} (median of {args.repeats}, one thread)")
     for kind in ("greedy", "sampling"):
         print(f"{kind:9s} loop {r[f'{kind}_loop_s'] * 1e3:9.2f} ms   batched {r[f'{kind}_batched_s'] * 1e3:8.2f} ms   "
               f"ratio {r[f'{kind}_ratio']:6.1f}x")

@@ -96,15 +96,24 @@ def autograde(course_root: Path, slug: str, student: str = "*", timeout: float |
     run_nbgrader(course_root, "autograde", slug, f"--student={student}", "--force", timeout=timeout)
 
 
+def _error_line(out: dict) -> str:
+    first = (out.get("evalue") or "").strip().splitlines()
+    return f"{out.get('ename')}: {first[0] if first else ''}".strip()
+
+
 def _cell_messages(notebook_path: Path) -> dict[str, str]:
     """grade_id -> first line of what went wrong in that cell (error or stderr)."""
     if not notebook_path.exists():
         return {}
     nb = json.loads(notebook_path.read_text())
     messages = {}
+    broken_above = ""  # the last error raised by a cell that defines code (not a test cell)
     for cell in nb.get("cells", []):
         meta = cell.get("metadata", {}).get("nbgrader", {})
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if not meta.get("grade"):
+            if errors and cell.get("cell_type") == "code":
+                broken_above = f"{meta.get('grade_id', 'a cell above')} raised {_error_line(errors[0])}"
             continue
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
@@ -115,10 +124,12 @@ def _cell_messages(notebook_path: Path) -> dict[str, str]:
                 elif out.get("ename") in ("KeyboardInterrupt", "CellTimeoutError"):
                     messages[meta["grade_id"]] = ("the cell ran past the per-cell time limit and was stopped: the code it "
                                                   "tests is too slow or never finishes")
+                elif out.get("ename") == "NameError" and broken_above:
+                    messages[meta["grade_id"]] = f"{_error_line(out)}; the cell {broken_above}"
                 elif out.get("ename") == "CheckFailure":  # the course's own checks: the message says it all
                     messages[meta["grade_id"]] = first[0] if first else "check failed"
                 else:
-                    messages[meta["grade_id"]] = f"{out.get('ename')}: {first[0] if first else ''}".strip()
+                    messages[meta["grade_id"]] = _error_line(out)
                 break
             if out.get("output_type") == "stream" and out.get("name") == "stderr":
                 text = "".join(out.get("text", "")).strip().splitlines()

@@ -45,7 +45,8 @@ def _resolve(names: list[str], notebooks_dir: Path) -> list[tuple[str, Path]]:
     chosen = []
     for name in names:
         stem = Path(name).stem
-        matches = [slug for slug in known if slug == stem or slug.startswith(f"{stem}_")]
+        matches = [slug for slug in known if slug == stem or slug.startswith(f"{stem}_")
+                   or (stem.isdigit() and int(stem) == int(slug[:2]))]
         if len(matches) != 1:
             raise SystemExit(f"grade: {name!r} names no notebook of this course; known: {', '.join(known)}")
         given = Path(name)
@@ -100,6 +101,8 @@ def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> lis
                     feedback_dir.mkdir(parents=True, exist_ok=True)
                     shutil.copy(html, feedback_dir / f"{slug}.html")
                 results.append((slug, cells))
+                done = sum(c.score for c in cells), sum(c.max_score for c in cells)
+                print(f"  {slug}: {done[0]:g} / {done[1]:g}", flush=True)
             except ValueError as err:
                 results.append((slug, str(err)))
             except NbgraderError as err:
@@ -107,25 +110,35 @@ def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> lis
     return results
 
 
+MESSAGE_WIDTH = 150
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= MESSAGE_WIDTH else message[: MESSAGE_WIDTH - 1] + "…"
+
+
 def format_table(results: list[Result]) -> str:
     """The report a learner reads: one row per exercise, then the total."""
-    rows = [("notebook", "exercise", "points", "what failed")]
+    rows = [("notebook", "exercise", "points", "what failed (full messages in the HTML feedback)")]
     total = possible = 0.0
+    ungraded = []
     for slug, cells in results:
         if isinstance(cells, str):
-            rows.append((slug, "-", "-", cells.splitlines()[0]))
+            rows.append((slug, "-", "-", _short(cells.splitlines()[0])))
+            ungraded.append(slug)
             continue
         for cell in cells:
             exercise = cell.grade_id.removesuffix("_test")
             points = f"{cell.score:g} / {cell.max_score:g}"
-            status = "needs manual grading" if cell.needs_manual_grade else cell.message
+            status = "needs manual grading" if cell.needs_manual_grade else _short(cell.message)
             rows.append((slug, exercise, points, status))
             total += cell.score
             possible += cell.max_score
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}".rstrip() for r in rows]
-    lines.insert(1, "-" * max(len(line) for line in lines))
-    lines.append(f"total: {total:g} / {possible:g} points")
+    lines.insert(1, "-" * min(max(len(line) for line in lines), sum(widths) + 6 + MESSAGE_WIDTH // 2))
+    not_graded = f" (not graded: {', '.join(ungraded)})" if ungraded else ""
+    lines.append(f"total: {total:g} / {possible:g} points{not_graded}")
     return "\n".join(lines)
 
 

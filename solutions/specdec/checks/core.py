@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -125,6 +126,10 @@ def expect_equal(fn: Callable, args: tuple, expected: Any, label: str | None = N
             raise CheckFailure(f"{label} returned the float {fmt(got)}; return an int (use // or int()).")
     if got != expected:
         hint = diagnose(for_exercise(fn.__name__), [(args, got)], rel=0.0)
+        if dataclasses.is_dataclass(expected) and type(got) is type(expected):
+            wrong = [f"{f.name} should be {getattr(expected, f.name)!r}, got {getattr(got, f.name)!r}"
+                     for f in dataclasses.fields(expected) if getattr(got, f.name) != getattr(expected, f.name)]
+            raise CheckFailure(f"{label}: " + "; ".join(wrong) + f".{hint}")
         raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}")
 
 
