@@ -73,4 +73,39 @@ def test_table_lists_every_exercise_and_the_total():
     assert lines[0].split()[:3] == ["notebook", "exercise", "points"]
     assert any(line.startswith("01_x") and " a " in line and "2 / 2" in line for line in lines)
     assert any("0 / 1" in line and "expected 2" in line for line in lines)
-    assert lines[-1] == "total: 2 / 3 points"
+    assert lines[-1] == "total: 2 / 3 points (not graded: 02_y)"
+
+
+def test_table_truncates_long_messages_and_names_ungraded_notebooks():
+    long = "CheckFailure-like message " * 20
+    table = format_table([("01_x", [CellGrade("01_x", "a_test", 0, 1, message=long)]), ("02_y", "02_y.ipynb is not valid JSON")])
+    assert max(len(line) for line in table.splitlines()) < 260
+    assert "…" in table and table.splitlines()[-1] == "total: 0 / 1 points (not graded: 02_y)"
+
+
+def test_notebook_numbers_resolve():
+    from specdec.grading import _resolve
+    from specdec.paths import NOTEBOOKS_DIR
+
+    assert _resolve(["1"], NOTEBOOKS_DIR)[0][0] == "01_cost_ledger"
+    assert _resolve(["01_cost_ledger.ipynb"], NOTEBOOKS_DIR)[0][0] == "01_cost_ledger"
+
+
+def test_error_in_a_solution_cell_is_named_for_the_tests_that_need_it(tmp_path):
+    import json
+
+    from specdec.course import _cell_messages
+
+    def cell(meta, outputs):
+        return {"cell_type": "code", "metadata": {"nbgrader": meta}, "outputs": outputs, "source": ""}
+
+    nb = {"cells": [
+        cell({"grade_id": "residual", "solution": True}, [{"output_type": "error", "ename": "SyntaxError", "evalue": "invalid syntax", "traceback": []}]),
+        cell({"grade_id": "residual_test", "grade": True}, [{"output_type": "error", "ename": "NameError", "evalue": "name 'residual' is not defined", "traceback": []}]),
+        cell({"grade_id": "slow_test", "grade": True}, [{"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}]),
+    ]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    messages = _cell_messages(path)
+    assert messages["residual_test"] == "NameError: name 'residual' is not defined; the cell residual raised SyntaxError: invalid syntax"
+    assert "time limit" in messages["slow_test"]
