@@ -77,24 +77,24 @@ def _reproduces(mistake: Mistake, history: Sequence[tuple[tuple, Any]], rel: flo
             continue
         if isinstance(got, BaseException):
             return False
-        same = close(got, float(wrong), rel=rel) if isinstance(wrong, Real) else _same(wrong, got)
-        if not same:
+        agrees = close(got, float(wrong), rel=rel) if isinstance(wrong, Real) else same(wrong, got)
+        if not agrees:
             return False
     return True
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
     """Equality that also compares tensors and tuples of tensors."""
     import torch
 
     if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
             return False
         if a.is_floating_point() or b.is_floating_point():
             return bool(torch.allclose(a.double(), b.double(), atol=1e-9, equal_nan=True))
-        return bool(torch.equal(a, b))
+        return bool(torch.equal(a.long(), b.long()))  # token ids: int32 and int64 compare alike
     return a == b
 
 

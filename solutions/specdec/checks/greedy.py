@@ -8,17 +8,11 @@ from collections.abc import Callable
 import torch
 
 from specdec import greedy
-from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, upstream_note
+from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, same, upstream_note
 from specdec.mistakes import for_exercise
 from specdec.toy import ToyLM, greedy_generate
 
 _SEED = 2
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and torch.equal(a.long(), b.long())
-    return a == b
 
 
 def check_round_shapes(fn: Callable) -> None:
@@ -67,7 +61,7 @@ def check_greedy_verify(fn: Callable) -> None:
         expected = greedy.greedy_verify(draft, logits)
         if not isinstance(got, torch.Tensor) or got.ndim != 1:
             raise CheckFailure(f"{label}: return a 1-D tensor of token ids, got {got!r}")
-        if not _same(got, expected):
+        if not same(got, expected):
             raise CheckFailure(
                 f"{label}: {k} draft(s) match before the first mismatch, so expected {expected.tolist()}, "
                 f"got {got.tolist()}." + diagnose(for_exercise("greedy_verify"), [((draft, logits), got)])
@@ -102,11 +96,11 @@ def check_greedy_verify_batched(fn: Callable) -> None:
             if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (B, gamma + 1):
                 raise CheckFailure(f"{label}: tokens must have shape (B, gamma + 1) = ({B}, {gamma + 1}), got "
                                    f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
-            if not isinstance(n_committed, torch.Tensor) or not _same(n_committed.reshape(-1), expected_n):
+            if not isinstance(n_committed, torch.Tensor) or not same(n_committed.reshape(-1), expected_n):
                 raise CheckFailure(f"{label}: n_committed should be {expected_n.tolist()}, got "
                                    f"{n_committed.tolist() if isinstance(n_committed, torch.Tensor) else n_committed!r}."
                                    + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)]))
-            if not _same(tokens, expected_tokens):
+            if not same(tokens, expected_tokens):
                 row = next(b for b in range(B) if not torch.equal(tokens[b].long(), expected_tokens[b]))
                 raise CheckFailure(
                     f"{label}: row {row} (draft {draft[row].tolist()}, target argmax {target[row].tolist()}) should be "
@@ -161,7 +155,7 @@ def _check_generate(fn: Callable) -> None:
                     tokens, per_round = got
                     expected = greedy_generate(target, prompt_t, n_tokens)
                     _, expected_rounds = greedy.speculative_greedy_generate(target, draft, prompt_t, n_tokens, gamma)
-                    if not isinstance(tokens, torch.Tensor) or not _same(tokens, expected):
+                    if not isinstance(tokens, torch.Tensor) or not same(tokens, expected):
                         shown = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
                         raise CheckFailure(f"{label}: expected the target's greedy tokens {expected.tolist()}, got {shown}."
                                            + diagnose(for_exercise("speculative_greedy_generate"), [((target, draft, prompt_t, n_tokens, gamma), got)]))
