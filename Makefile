@@ -12,13 +12,15 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test release grade clean distclean
+.PHONY: help setup lab test release grade models bench clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook)"
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
+	@echo "make models   train the target and draft models into data/models/ (about 30 min on 2 cores)"
+	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
 
 # The environment: created once, reinstalled only when pyproject.toml changes.
@@ -42,6 +44,12 @@ release: $(STAMP)
 
 grade: $(STAMP)
 	@$(BIN)/python -m specdec.grading $(NB)
+
+models: $(STAMP)
+	$(BIN)/python -m specdec.train
+
+bench: $(STAMP)
+	$(BIN)/python -m specdec.bench
 
 clean:
 	rm -rf .grades .pytest_cache .hypothesis
