@@ -20,14 +20,13 @@ import torch
 from specdec import corpus, tokenizer
 from specdec.engine import SpeculativeEngine
 from specdec.ledger import speedup
+from specdec.model import KVCache
 from specdec.paths import DATA_DIR
 from specdec.train import load
 
 
 def step_time(model, context: int = 64, tokens: int = 1, repeats: int = 20) -> float:
     """Median seconds of one cached forward over `tokens` positions after `context` cached ones."""
-    from specdec.model import KVCache
-
     cache = KVCache(model.config)
     with torch.no_grad():
         model(torch.zeros(1, context, dtype=torch.long), cache)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Sequence
 from numbers import Integral, Real
 from typing import Any
 
+import torch
+
 from specdec.mistakes import Mistake, for_exercise
 
 
@@ -85,8 +87,6 @@ def _reproduces(mistake: Mistake, history: Sequence[tuple[tuple, Any]], rel: flo
 
 def same(a: Any, b: Any) -> bool:
     """Equality that also compares tensors and tuples of tensors."""
-    import torch
-
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -103,8 +103,6 @@ def diagnose(mistakes: Iterable[Mistake], history: Sequence[tuple[tuple, Any]], 
 
     Random samplers (a torch.Generator among the arguments) get no hint: a wrong sampler
     can agree with the learner's by chance."""
-    import torch
-
     if any(isinstance(a, torch.Generator) for args, _ in history for a in args):
         return ""
     for mistake in mistakes:
@@ -140,12 +138,6 @@ def expect_close(fn: Callable, args: tuple, expected: float, label: str | None =
     if not close(got, expected, rel=rel):
         hint = diagnose(for_exercise(fn.__name__), [(args, got)], rel=rel)
         raise CheckFailure(f"{label}: expected {fmt(expected)} (relative tolerance {rel:g}), got {fmt(got)}.{hint}")
-
-
-def _is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
 
 
 def count_torch_calls(fn: Callable, *args: Any) -> int:
@@ -215,7 +207,7 @@ def compare_cases(
             history.append((args, err))
             hint = diagnose(mistakes, history, rel=rel)
             raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{upstream_note(fn, requires)}") from None
-        if _is_tensor(got):
+        if isinstance(got, torch.Tensor):
             raise CheckFailure(f"{label} returned a tensor ({got!r}); return a Python {'int' if integer else 'float'} "
                                f"(use {'int' if integer else 'float'}(...) or .item()).")
         if integer and isinstance(got, Real) and not isinstance(got, Integral):

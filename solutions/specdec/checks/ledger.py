@@ -84,9 +84,10 @@ def check_decode_floor(step_fn: Callable, cap_fn: Callable) -> None:
 
 def check_kv_bytes_per_token(fn: Callable) -> None:
     """Every model config at FP16 (default), FP32, FP8 and 4-bit cache entries."""
-    cases = [(desc, args) for desc, args in _model_cases()]
+    models = _model_cases()
+    cases = list(models)
     for nbytes in (4, 1, 0.5):
-        cases += [(f"{desc}, bytes_per_elem={nbytes}", (*args, nbytes)) for desc, args in _model_cases()]
+        cases += [(f"{desc}, bytes_per_elem={nbytes}", (*args, nbytes)) for desc, args in models]
     compare_cases(fn, ledger.kv_bytes_per_token, cases)
 
 

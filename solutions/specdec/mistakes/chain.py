@@ -64,6 +64,20 @@ def _round(target, draft, context, gamma, temperature, generator, *, argmax_draf
     return verify_chain(p, torch.stack(q_rows), proposal[len(context):], generator)
 
 
+def _round_draft_t1(target, draft, context, gamma, temperature, generator):
+    proposal, q_rows = context.clone(), []
+    for _ in range(gamma):
+        logits = draft.next_logits(proposal)
+        y = torch.multinomial(probs_from_logits(logits, 1.0), 1, generator=generator)
+        q_i = probs_from_logits(logits, temperature)
+        if q_i[y] <= 0:
+            q_i = probs_from_logits(logits, 1.0)
+        proposal = torch.cat([proposal, y])
+        q_rows.append(q_i)
+    p = probs_from_logits(target.logits(proposal)[-(gamma + 1):], temperature)
+    return verify_chain(p, torch.stack(q_rows), proposal[len(context):], generator)
+
+
 MISTAKES: list[Mistake] = [
     Mistake("verify_chain", "bonus_argmax", lambda p, q, d, g=None: _chain(p, q, d, g, bonus_argmax=True),
             "the bonus token is the argmax of p[gamma]; in sampling mode it must be sampled from p[gamma]."),
@@ -105,21 +119,7 @@ MISTAKES: list[Mistake] = [
     Mistake("speculative_round", "target_at_temperature_1",
             lambda t, d, c, g, T, gen: _round(t, d, c, g, T, gen, p_temperature=1.0),
             "the target's probabilities ignore the temperature; p must apply the request's sampling settings."),
-    Mistake("speculative_round", "draft_at_temperature_1",
-            lambda t, d, c, g, T, gen: _round_draft_t1(t, d, c, g, T, gen),
+    Mistake("speculative_round", "draft_at_temperature_1", _round_draft_t1,
             "the draft samples at temperature 1 but the verifier is told the tempered q; q must be what the draft sampled from (here: sample the draft at `temperature`, as stated)."),
 ]
 
-
-def _round_draft_t1(target, draft, context, gamma, temperature, generator):
-    proposal, q_rows = context.clone(), []
-    for _ in range(gamma):
-        logits = draft.next_logits(proposal)
-        y = torch.multinomial(probs_from_logits(logits, 1.0), 1, generator=generator)
-        q_i = probs_from_logits(logits, temperature)
-        if q_i[y] <= 0:
-            q_i = probs_from_logits(logits, 1.0)
-        proposal = torch.cat([proposal, y])
-        q_rows.append(q_i)
-    p = probs_from_logits(target.logits(proposal)[-(gamma + 1):], temperature)
-    return verify_chain(p, torch.stack(q_rows), proposal[len(context):], generator)
