@@ -7,25 +7,14 @@ import itertools
 import pytest
 import torch
 
+from specdec.checks.engine import tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import SamplingParams, SpeculativeEngine
 from specdec.model import Llama, LlamaConfig
 
 
 def _pair(vocab: int = 32, noise: float = 0.3, seed: int = 0) -> tuple[Llama, Llama]:
-    """A target and a draft that is the target with noisy weights (so most drafts pass)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=96)
-    target = Llama(config)
-    with torch.no_grad():
-        for w in target.parameters():
-            w.mul_(8.0)  # sharper distributions than the 0.02 init gives
-    draft = Llama(config)
-    draft.load_state_dict(target.state_dict())
-    with torch.no_grad():
-        for w in draft.parameters():
-            w.add_(noise * w.std() * torch.randn_like(w))
-    return target.eval(), draft.eval()
+    return tiny_pair(vocab, noise, seed)
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
@@ -89,8 +78,27 @@ def test_bad_input():
         engine.generate([1], 5, 0)
     with pytest.raises(ValueError, match="exceed the target's context of 96"):
         engine.generate(list(range(30)) * 3, 10, 4)
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="non-empty list of token ids"):
         engine.generate([], 5, 2)
     other = Llama(LlamaConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=96))
     with pytest.raises(ValueError, match="vocabularies differ"):
         SpeculativeEngine(target, other)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 32\)"):
+        engine.generate([1, 40], 5, 2)
+    with pytest.raises(ValueError, match="n_tokens must be >= 1"):
+        engine.generate([1], 0, 2)
+
+
+def test_unknown_or_mismatched_checkpoints(tmp_path):
+    from specdec.train import load, load_pair, save
+
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load(tmp_path / "nowhere.safetensors")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_pair(tmp_path)
+    target, _ = _pair()
+    other = Llama(LlamaConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=96))
+    save(target, tmp_path / "target.safetensors")
+    save(other, tmp_path / "draft.safetensors")
+    with pytest.raises(ValueError, match="vocabulary"):
+        load_pair(tmp_path)

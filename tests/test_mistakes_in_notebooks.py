@@ -14,13 +14,14 @@ import io
 import pytest
 from conftest import nbgrader_meta, read, source_path
 
-from specdec.mistakes import chain, greedy, ledger, rejection
+from specdec.mistakes import chain, engine, greedy, ledger, rejection
 
 CATALOGUES = {
     "01_cost_ledger": ledger.MISTAKES,
     "02_greedy_verify": greedy.MISTAKES,
     "03_rejection_sampling": rejection.MISTAKES,
     "04_chain_verify": chain.MISTAKES,
+    "05_kv_cache_engine": engine.MISTAKES,
 }
 
 

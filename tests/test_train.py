@@ -37,3 +37,18 @@ def test_short_training_run_learns_and_saves(tmp_path):
         assert torch.allclose(model(x), again(x), atol=0.05)  # bf16 storage
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load(tmp_path / "missing.safetensors")
+
+
+def test_distillation_moves_the_student_towards_the_teacher():
+    """With a teacher the loss is the soft cross-entropy; it falls, and the student's
+    distributions end closer to the teacher's than at the start."""
+    data = {"math": torch.tensor(tokenizer.encode(corpus.math_text(300)), dtype=torch.long)}
+    teacher, _ = train(TINY, data, steps=40, batch_size=8, seq_len=48, progress=False)
+    student_config = LlamaConfig(d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=64)
+    student, losses = train(student_config, data, steps=40, batch_size=8, seq_len=48, progress=False, teacher=teacher,
+                            seed=1)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    x = data["math"][:48].view(1, -1)
+    with torch.no_grad():
+        agree = (student(x).argmax(-1) == teacher(x).argmax(-1)).float().mean()
+    assert agree > 0.5

@@ -1,32 +1,46 @@
-"""Benchmark the speculative engine on the shipped checkpoints (not a test).
+"""Benchmark speculative decoding on the shipped checkpoints (not a test).
 
-``python -m specdec.bench --models data/models --gammas 2 4 6 --prompts 8 --tokens 64``
-measures, per task (code, math) and gamma: acceptance rate, tokens committed per round,
-tokens/s, the wall-clock speedup over target-only decoding (both through the same cache
-code, greedy), and the cost model's prediction from the measured acceptance a and cost
-ratio c. Medians over prompts; writes bench.json next to the models unless --out says.
+``python -m specdec.bench`` (``make bench``) measures, per task (code, math), per draft
+length gamma and per proposer, batch 1:
+
+- ``draft``: this course's engine with the shipped draft model; greedy outputs are checked
+  equal to target-only decoding;
+- ``hf-assisted`` and ``hf-prompt-lookup`` (with ``--hf``): Hugging Face transformers'
+  assisted generation and prompt lookup on the same weights, next to transformers'
+  own target-only decoding, outputs checked against ours.
+
+For each: acceptance rate, tokens committed per round, tokens/s, the wall-clock speedup
+over the same implementation's target-only decoding, and the cost model's prediction
+S = E(a, gamma) / (1 + gamma c) from the measured acceptance a and cost ratio c (plus a
+prediction that uses the measured cost of verifying gamma + 1 positions, which on a CPU
+is not the cost of one). Wall times are medians over --repeats runs of each prompt.
+Writes bench.json, bench.csv and bench.png (to --out) and reports peak memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from specdec import corpus, tokenizer
-from specdec.engine import SpeculativeEngine
-from specdec.ledger import speedup
-from specdec.model import KVCache
+from specdec.engine import SpeculativeEngine, check_request
+from specdec.ledger import expected_tokens_per_round, speedup
+from specdec.model import KVCache, Llama
 from specdec.paths import DATA_DIR
-from specdec.train import load
+from specdec.train import load_pair
 
 
-def step_time(model, context: int = 64, tokens: int = 1, repeats: int = 20) -> float:
-    """Median seconds of one cached forward over `tokens` positions after `context` cached ones."""
+def step_time(model: Llama, context: int = 64, tokens: int = 1, repeats: int = 30) -> float:
+    """Median seconds of one cached forward over ``tokens`` positions after ``context`` cached ones."""
     cache = KVCache(model.config)
     with torch.no_grad():
         model(torch.zeros(1, context, dtype=torch.long), cache)
@@ -39,43 +53,173 @@ def step_time(model, context: int = 64, tokens: int = 1, repeats: int = 20) -> f
     return statistics.median(times)
 
 
-def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int) -> list[dict]:
-    target, draft = load(models / "target.safetensors"), load(models / "draft.safetensors")
+def _median_time(run, repeats: int):
+    """(result of the last run, median wall seconds) of ``run()`` called ``repeats`` times."""
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - start)
+    return result, statistics.median(times)
+
+
+def _row(task, proposer, gamma, accepted, proposed, rounds, tokens, seconds, base_seconds, c, verify_ratio, identical,
+         time_split=None):
+    a = accepted / proposed if proposed else None
+    row = {
+        "task": task, "proposer": proposer, "gamma": gamma,
+        "acceptance": round(a, 4) if a is not None else None,
+        "tokens_per_round": round(tokens / rounds, 3) if rounds else None,
+        "tokens_per_s": round(tokens / seconds, 1), "target_only_tokens_per_s": round(tokens / base_seconds, 1),
+        "speedup": round(base_seconds / seconds, 3), "c": round(c, 4) if c else None,
+        "predicted": None, "predicted_measured_costs": None, "identical": identical,
+    }
+    if a is not None and c:
+        row["predicted"] = round(speedup(min(a, 1.0), gamma, c), 3)
+        row["predicted_measured_costs"] = round(expected_tokens_per_round(min(a, 1.0), gamma) / (gamma * c + verify_ratio), 3)
+    if time_split:
+        row.update({k: round(v, 3) for k, v in time_split.items()})
+    return row
+
+
+def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats: int, with_hf: bool) -> tuple[list[dict], dict]:
+    target, draft = load_pair(models)
     engine = SpeculativeEngine(target, draft)
-    c = step_time(draft) / step_time(target)
     prompts = {"code": corpus.code_prompts(n_prompts), "math": corpus.math_prompts(n_prompts)}
+    for texts in prompts.values():  # refuse a workload the models cannot serve before measuring anything
+        for text in texts:
+            check_request(target, draft, tokenizer.encode(text), n_tokens, max(gammas))
+    t1, d1 = step_time(target), step_time(draft)
+    costs = {"target_step_ms": t1 * 1e3, "draft_step_ms": d1 * 1e3, "c": d1 / t1,
+             "verify_ratio": {g: step_time(target, tokens=g + 1) / t1 for g in gammas}}
+    print(f"target step {t1 * 1e3:.2f} ms, draft step {d1 * 1e3:.2f} ms, c = {d1 / t1:.3f}; verifying gamma + 1 "
+          "positions costs " + ", ".join(f"{v:.2f}x (gamma {g})" for g, v in costs["verify_ratio"].items()))
+    hf = None
+    if with_hf:
+        from transformers.utils import logging as hf_logging
+
+        from specdec.hf import hf_generate, to_transformers
+
+        hf_logging.set_verbosity_error()
+        hf = to_transformers(target), to_transformers(draft)
+        hf[1].generation_config.num_assistant_tokens_schedule = "constant"
+        hf[1].generation_config.assistant_confidence_threshold = 0.0
     rows = []
+    total = len(prompts) * n_prompts * (1 + len(gammas) + (1 + 2 * len(gammas) if hf else 0))
+    bar = tqdm(total=total, desc="bench", unit="prompt")
     for task, texts in prompts.items():
         encoded = [tokenizer.encode(t) for t in texts]
-        base = [engine.generate_target_only(ids, n_tokens) for ids in encoded]
-        base_tps = statistics.median(n_tokens / g.wall_s for g in base)
+        base, base_s = [], 0.0
+        for ids in encoded:
+            gen, s = _median_time(lambda: engine.generate_target_only(ids, n_tokens), repeats)
+            base.append(gen.tokens)
+            base_s += s
+            bar.update()
         for gamma in gammas:
-            runs = [engine.generate(ids, n_tokens, gamma) for ids in encoded]
-            assert all(r.tokens == b.tokens for r, b in zip(runs, base)), "greedy speculative output differs"
-            a = statistics.median(r.acceptance_rate for r in runs)
-            tps = statistics.median(n_tokens / r.wall_s for r in runs)
-            rows.append({
-                "task": task, "gamma": gamma, "acceptance": round(a, 4),
-                "tokens_per_round": round(statistics.median(r.tokens_per_round for r in runs), 3),
-                "tokens_per_s": round(tps, 1), "target_only_tokens_per_s": round(base_tps, 1),
-                "speedup": round(tps / base_tps, 3), "c": round(c, 4), "predicted": round(speedup(min(a, 1.0), gamma, c), 3),
-            })
-            print(rows[-1], flush=True)
-    return rows
+            seconds = accepted = proposed = rounds = 0
+            split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
+            identical = True
+            for ids, want in zip(encoded, base):
+                gen, s = _median_time(lambda: engine.generate(ids, n_tokens, gamma), repeats)
+                identical &= gen.tokens == want
+                seconds += s
+                accepted += sum(r.accepted for r in gen.rounds)
+                proposed += sum(r.proposed for r in gen.rounds)
+                rounds += len(gen.rounds)
+                split["draft_frac"] += sum(r.draft_s for r in gen.rounds) / gen.wall_s / len(encoded)
+                split["target_frac"] += sum(r.target_s for r in gen.rounds) / gen.wall_s / len(encoded)
+                split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
+                bar.update()
+            rows.append(_row(task, "draft", gamma, accepted, proposed, rounds, n_tokens * len(encoded), seconds, base_s,
+                             costs["c"], costs["verify_ratio"][gamma], identical, split))
+            tqdm.write(json.dumps(rows[-1]))
+        if hf:
+            hf_base_s = 0.0
+            for ids, want in zip(encoded, base):
+                out, s = _median_time(lambda: hf_generate(hf[0], ids, n_tokens), repeats)
+                hf_base_s += s
+                if out != want:
+                    tqdm.write(f"note: transformers' greedy output differs from ours on a {task} prompt")
+                bar.update()
+            rows.append(_row(task, "hf-target-only", 0, 0, 0, 0, n_tokens * len(encoded), hf_base_s, hf_base_s,
+                             None, None, True))
+            for gamma in gammas:
+                for proposer, kwargs in (("hf-assisted", {"assistant_model": hf[1]}),
+                                         ("hf-prompt-lookup", {"prompt_lookup_num_tokens": gamma})):
+                    hf[1].generation_config.num_assistant_tokens = gamma
+                    seconds, identical = 0.0, True
+                    for ids, want in zip(encoded, base):
+                        out, s = _median_time(lambda: hf_generate(hf[0], ids, n_tokens, **kwargs), repeats)
+                        identical &= out == want
+                        seconds += s
+                        bar.update()
+                    rows.append(_row(task, proposer, gamma, 0, 0, 0, n_tokens * len(encoded), seconds, hf_base_s,
+                                     None, None, identical))
+                    tqdm.write(json.dumps(rows[-1]))
+    bar.close()
+    return rows, costs
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, task in zip(axes, ("code", "math")):
+        for proposer, style in (("draft", "o-"), ("hf-assisted", "s:"), ("hf-prompt-lookup", "^:")):
+            mine = [r for r in rows if r["task"] == task and r["proposer"] == proposer]
+            if mine:
+                ax.plot([r["gamma"] for r in mine], [r["speedup"] for r in mine], style, label=f"{proposer} (measured)")
+        mine = [r for r in rows if r["task"] == task and r["proposer"] == "draft"]
+        if mine:
+            ax.plot([r["gamma"] for r in mine], [r["predicted"] for r in mine], "--", color="gray",
+                    label="cost model E/(1 + gamma c)")
+            ax.plot([r["gamma"] for r in mine], [r["predicted_measured_costs"] for r in mine], "-.", color="black",
+                    label="cost model, measured verify cost")
+        ax.axhline(1.0, color="lightgray", lw=1)
+        ax.set_title(f"{task} prompts (greedy, batch 1, CPU)")
+        ax.set_xlabel("gamma")
+    axes[0].set_ylabel("speedup over target-only")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=Path, default=DATA_DIR / "models")
-    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--models", type=Path, default=DATA_DIR / "models", help="folder with target/draft.safetensors")
+    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5, 6])
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per task")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per prompt; the median time counts")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small models)")
+    parser.add_argument("--hf", action="store_true", help="also run transformers' assisted generation and prompt lookup")
+    parser.add_argument("--out", type=Path, default=Path("artifacts") / "bench", help="folder for json, csv and png")
     args = parser.parse_args(argv)
-    rows = run(args.models, args.gammas, args.prompts, args.tokens)
-    out = args.out or args.models / "bench.json"
-    out.write_text(json.dumps(rows, indent=1))
-    print(f"wrote {out}")
+    if any(g < 1 for g in args.gammas):
+        parser.error(f"every gamma must be >= 1, got {args.gammas}")
+    for name in ("prompts", "tokens", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    torch.set_num_threads(args.threads)
+    try:
+        rows, costs = run(args.models, args.gammas, args.prompts, args.tokens, args.repeats, args.hf)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    summary = {"rows": rows, "costs": costs, "peak_rss_mib": round(peak_mib, 1), "threads": args.threads,
+               "prompts_per_task": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
+    (args.out / "bench.json").write_text(json.dumps(summary, indent=1))
+    with open(args.out / "bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, args.out / "bench.png")
+    print(f"peak memory (max RSS) {peak_mib:.0f} MiB; wrote {args.out}/bench.json, bench.csv, bench.png")
     return 0
 
 

@@ -1,19 +1,24 @@
-"""The speculative decoding engine for the course's Llama models (batch 1).
+"""The speculative decoding engine for the course's Llama models (batch 1), notebook 05.
 
-Each round: the draft proposes gamma tokens one at a time from its KV cache, the target
-scores the last committed token and the drafts in one forward, verification decides
-what to commit (greedy_verify at temperature 0, verify_chain otherwise), and both caches
-are rolled back to what was committed. Target-only decoding runs through the same
-cache code, so the two are timed alike.
+One round: the draft proposes gamma tokens, one forward each from its KV cache
+(:func:`propose`); the target scores the last committed token and the drafts in one
+forward; verification decides what to commit (greedy_verify at temperature 0,
+verify_chain otherwise); both caches are rolled back to what was committed
+(:func:`rollback`). :func:`speculative_generate` is the loop; :func:`target_only_generate`
+is plain decoding through the same cache code, so the two are timed alike.
 
 Cache invariant at the start of a round, with P committed tokens: the target's cache
 holds P - 1 entries (the last committed token is its next input); the draft's holds
 P - len(pending), where ``pending`` is 1 token, or 2 after a full acceptance (its own
 last draft, which it never fed, and the bonus).
+
+:class:`SpeculativeEngine` runs the same functions with every forward recorded
+(:class:`RecordingModel`), and derives per-round statistics from the record.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +27,7 @@ import torch
 from specdec.chain import verify_chain
 from specdec.greedy import greedy_verify
 from specdec.model import KVCache, Llama
-from specdec.sampling import probs_from_logits
+from specdec.sampling import probs_from_logits, sample
 from specdec.validate import check_positive_int
 
 
@@ -35,7 +40,146 @@ class SamplingParams:
     top_p: float = 1.0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., V) logits -> the float64 distribution a token is drawn from (one-hot when greedy)."""
         return probs_from_logits(logits, self.temperature, self.top_k, self.top_p)
+
+
+GREEDY = SamplingParams()
+
+
+def check_request(target: Llama, draft: Llama | None, prompt: list[int], n_tokens: int, gamma: int) -> None:
+    """Clear errors for a request the models cannot serve."""
+    if not isinstance(prompt, (list, tuple)) or not prompt:
+        raise ValueError("the prompt must be a non-empty list of token ids")
+    check_positive_int(n_tokens, "n_tokens")
+    if draft is not None:
+        check_positive_int(gamma, "gamma")
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"draft and target vocabularies differ ({draft.config.vocab_size} vs {target.config.vocab_size}); "
+                "they must share a tokenizer"
+            )
+    V = target.config.vocab_size
+    if min(prompt) < 0 or max(prompt) >= V:
+        raise ValueError(f"prompt token ids must lie in [0, {V}), got min {min(prompt)} and max {max(prompt)}")
+    needed = len(prompt) + n_tokens + gamma + 1
+    for name, model in (("target", target), ("draft", draft)):
+        if model is not None and needed > model.config.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(prompt)}) + n_tokens ({n_tokens}) + gamma + 1 ({gamma + 1}) = {needed} positions "
+                f"exceed the {name}'s context of {model.config.max_seq_len}"
+            )
+
+
+@torch.no_grad()
+def target_only_generate(target: Llama, prompt: list[int], n_tokens: int, params: SamplingParams = GREEDY,
+                         generator: torch.Generator | None = None) -> list[int]:
+    """Plain decoding, one target forward per token: the baseline and the reference output."""
+    check_request(target, None, prompt, n_tokens, 0)
+    cache = KVCache(target.config)
+    tokens = list(prompt)
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), cache)
+    for _ in range(n_tokens):
+        logits = target(torch.tensor([tokens[-1:]]), cache)[0, -1]  # (V,)
+        tokens.append(int(sample(params.probs(logits), generator)))
+    return tokens[len(prompt):]
+
+
+@torch.no_grad()
+def propose(draft: Llama, cache: KVCache, pending: list[int], gamma: int, params: SamplingParams = GREEDY,
+            generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor]:
+    """The draft's gamma proposals, one cached forward each.
+
+    ``pending``: the committed tokens the draft has not fed yet (1, or 2 after a full
+    acceptance). Returns the drafts and q (gamma, V), float64: row i is the distribution
+    draft i was drawn from. The last draft is never fed, so the cache grows by
+    len(pending) + gamma - 1.
+    """
+    ### BEGIN SOLUTION
+    drafts, q_rows, feed = [], [], list(pending)
+    for _ in range(gamma):
+        logits = draft(torch.tensor([feed]), cache)[0, -1]  # (V,): the token after everything fed so far
+        q = params.probs(logits)
+        drafts.append(int(sample(q, generator)))
+        q_rows.append(q)
+        feed = drafts[-1:]
+    return drafts, torch.stack(q_rows)
+    ### END SOLUTION
+
+
+def rollback(target_cache: KVCache, draft_cache: KVCache, P: int, drafts: list[int], committed: list[int]) -> list[int]:
+    """Crop both caches after a round that started with P committed tokens.
+
+    ``drafts``: the gamma proposals; ``committed``: what verification committed (the
+    accepted drafts, then the target's token). Returns the draft's pending input for the
+    next round.
+    """
+    k = len(committed) - 1  # accepted drafts
+    ### BEGIN SOLUTION
+    target_cache.crop(P + k)  # the prefix and the accepted drafts; the new token has no KV yet
+    if k < len(drafts):
+        draft_cache.crop(P + k)
+        return [committed[-1]]
+    return [drafts[-1], committed[-1]]  # the draft never fed its last draft: it catches up next round
+    ### END SOLUTION
+
+
+@torch.no_grad()
+def speculative_generate(target: Llama, draft: Llama, prompt: list[int], n_tokens: int, gamma: int,
+                         params: SamplingParams = GREEDY, generator: torch.Generator | None = None) -> list[int]:
+    """n_tokens new tokens, distributed exactly as target_only_generate's (equal when greedy)."""
+    check_request(target, draft, prompt, n_tokens, gamma)
+    ### BEGIN SOLUTION
+    target_cache, draft_cache = KVCache(target.config), KVCache(draft.config)
+    tokens = list(prompt)
+    if len(prompt) > 1:  # everything but the last token, which is the first round's input
+        target(torch.tensor([prompt[:-1]]), target_cache)
+        draft(torch.tensor([prompt[:-1]]), draft_cache)
+    pending = tokens[-1:]
+    while len(tokens) - len(prompt) < n_tokens:
+        P = len(tokens)
+        drafts, q = propose(draft, draft_cache, pending, gamma, params, generator)
+        logits = target(torch.tensor([tokens[-1:] + drafts]), target_cache)[0]  # (gamma + 1, V)
+        if params.temperature == 0:
+            committed = greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        tokens += committed
+        pending = rollback(target_cache, draft_cache, P, drafts, committed)
+    return tokens[len(prompt) : len(prompt) + n_tokens]
+    ### END SOLUTION
+
+
+_call_order = itertools.count()
+
+
+@dataclass
+class Call:
+    """One recorded forward: the cache length before it, the tokens fed, its wall time."""
+
+    order: int  # increasing across every RecordingModel, so two models' calls interleave
+    cache_len: int | None  # None: called without a cache
+    tokens: list[int]
+    seconds: float
+    cache: KVCache | None = field(repr=False, default=None)
+    logits: torch.Tensor | None = field(repr=False, default=None)  # (T, V), with keep_logits
+
+
+class RecordingModel:
+    """Wraps a Llama and records every forward (for statistics and for the checks)."""
+
+    def __init__(self, model: Llama, keep_logits: bool = False) -> None:
+        self.model, self.config, self.keep_logits, self.calls = model, model.config, keep_logits, []
+
+    def __call__(self, tokens: torch.Tensor, cache: KVCache | None = None, *args, **kwargs) -> torch.Tensor:
+        before = cache.length if cache is not None else None
+        start = time.perf_counter()
+        out = self.model(tokens, cache, *args, **kwargs)
+        seconds = time.perf_counter() - start
+        self.calls.append(Call(next(_call_order), before, tokens[0].tolist(), seconds, cache,
+                               out[0].detach() if self.keep_logits else None))
+        return out
 
 
 @dataclass
@@ -43,8 +187,8 @@ class RoundStats:
     proposed: int
     accepted: int
     committed: int
-    draft_s: float
-    target_s: float
+    draft_s: float  # the draft's forwards (including a catch-up)
+    target_s: float  # the target's verification forward
     target_cache_len: int  # after the rollback
     draft_cache_len: int
 
@@ -54,6 +198,7 @@ class Generation:
     tokens: list[int]  # the n_tokens new tokens
     rounds: list[RoundStats] = field(default_factory=list)
     wall_s: float = 0.0
+    prefill_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -64,9 +209,32 @@ class Generation:
     def tokens_per_round(self) -> float:
         return sum(r.committed for r in self.rounds) / len(self.rounds) if self.rounds else float("nan")
 
+    @property
+    def other_s(self) -> float:
+        """Wall time outside the model forwards: sampling, verification, Python."""
+        return self.wall_s - self.prefill_s - sum(r.draft_s + r.target_s for r in self.rounds)
+
+
+def rounds_from_calls(target_calls: list[Call], draft_calls: list[Call], prefilled: bool, gamma: int) -> list[RoundStats]:
+    """Per-round statistics of a speculative_generate run, from its recorded forwards."""
+    verify = target_calls[1:] if prefilled else target_calls
+    drafts = draft_calls[1:] if prefilled else draft_calls
+    per_round = len(drafts) // max(len(verify), 1)  # gamma forwards per round
+    rounds = []
+    for i, call in enumerate(verify):
+        after = verify[i + 1].cache_len if i + 1 < len(verify) else call.cache.length
+        round_drafts = drafts[i * per_round : (i + 1) * per_round]
+        next_draft = drafts[(i + 1) * per_round] if (i + 1) * per_round < len(drafts) else None
+        draft_len = next_draft.cache_len if next_draft is not None else round_drafts[-1].cache.length
+        accepted = after - call.cache_len - 1
+        rounds.append(RoundStats(gamma, accepted, accepted + 1, sum(c.seconds for c in round_drafts), call.seconds,
+                                 after, draft_len))
+    return rounds
+
 
 class SpeculativeEngine:
-    """Generates with a target model, optionally speculating with a smaller draft."""
+    """Generates with a target model, optionally speculating with a smaller draft, and
+    reports per-round statistics and timings."""
 
     def __init__(self, target: Llama, draft: Llama | None = None) -> None:
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -76,78 +244,24 @@ class SpeculativeEngine:
             )
         self.target, self.draft = target.eval(), draft.eval() if draft is not None else None
 
-    def _check(self, prompt: list[int], n_tokens: int, gamma: int) -> None:
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        check_positive_int(n_tokens, "n_tokens")
-        V = self.target.config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= V:
-            raise ValueError(f"prompt token ids must lie in [0, {V})")
-        needed = len(prompt) + n_tokens + gamma + 1
-        for name, model in (("target", self.target), ("draft", self.draft)):
-            if model is not None and needed > model.config.max_seq_len:
-                raise ValueError(
-                    f"prompt ({len(prompt)}) + n_tokens ({n_tokens}) + gamma + 1 ({gamma + 1}) = {needed} positions "
-                    f"exceed the {name}'s context of {model.config.max_seq_len}"
-                )
-
-    @torch.no_grad()
-    def generate_target_only(self, prompt: list[int], n_tokens: int, params: SamplingParams = SamplingParams(),
+    def generate_target_only(self, prompt: list[int], n_tokens: int, params: SamplingParams = GREEDY,
                              generator: torch.Generator | None = None) -> Generation:
-        """Plain decoding with the target: one forward per token."""
-        self._check(prompt, n_tokens, 0)
+        target = RecordingModel(self.target)
         start = time.perf_counter()
-        cache = KVCache(self.target.config)
-        tokens = list(prompt)
-        if len(prompt) > 1:
-            self.target(torch.tensor([prompt[:-1]]), cache)
-        for _ in range(n_tokens):
-            logits = self.target(torch.tensor([[tokens[-1]]]), cache)[0, -1]
-            tokens.append(int(torch.multinomial(params.probs(logits), 1, generator=generator)))
-        return Generation(tokens[len(prompt):], wall_s=time.perf_counter() - start)
+        tokens = target_only_generate(target, prompt, n_tokens, params, generator)
+        wall = time.perf_counter() - start
+        prefill = target.calls[0].seconds if len(prompt) > 1 else 0.0
+        return Generation(tokens, wall_s=wall, prefill_s=prefill)
 
-    @torch.no_grad()
-    def generate(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = SamplingParams(),
+    def generate(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                  generator: torch.Generator | None = None) -> Generation:
         """Speculative decoding: the same output distribution as generate_target_only."""
         if self.draft is None:
             raise ValueError("no draft model: use generate_target_only, or pass a draft")
-        check_positive_int(gamma, "gamma")
-        self._check(prompt, n_tokens, gamma)
+        target, draft = RecordingModel(self.target), RecordingModel(self.draft)
         start = time.perf_counter()
-        t_cache, d_cache = KVCache(self.target.config), KVCache(self.draft.config)
-        tokens = list(prompt)
-        if len(prompt) > 1:
-            self.target(torch.tensor([prompt[:-1]]), t_cache)
-            self.draft(torch.tensor([prompt[:-1]]), d_cache)
-        pending = [tokens[-1]]
-        result = Generation([])
-        while len(tokens) - len(prompt) < n_tokens:
-            P = len(tokens)
-            t0 = time.perf_counter()
-            drafts, q_rows, feed = [], [], pending
-            for _ in range(gamma):
-                q = params.probs(self.draft(torch.tensor([feed]), d_cache)[0, -1])  # (V,)
-                y = int(torch.multinomial(q, 1, generator=generator))
-                drafts.append(y)
-                q_rows.append(q)
-                feed = [y]
-            t1 = time.perf_counter()
-            logits = self.target(torch.tensor([[tokens[-1], *drafts]]), t_cache)[0]  # (gamma + 1, V)
-            if params.temperature == 0:
-                committed = greedy_verify(torch.tensor(drafts), logits).tolist()
-            else:
-                committed = verify_chain(params.probs(logits), torch.stack(q_rows), torch.tensor(drafts), generator).tolist()
-            t2 = time.perf_counter()
-            k = len(committed) - 1
-            tokens += committed
-            t_cache.crop(P + k)  # keep the prefix and the accepted drafts; the new token is the next input
-            if k < gamma:
-                d_cache.crop(P + k)
-                pending = [committed[-1]]
-            else:  # the draft never fed its last draft: feed it with the bonus next round
-                pending = [drafts[-1], committed[-1]]
-            result.rounds.append(RoundStats(gamma, k, k + 1, t1 - t0, t2 - t1, t_cache.length, d_cache.length))
-        result.tokens = tokens[len(prompt) : len(prompt) + n_tokens]
-        result.wall_s = time.perf_counter() - start
-        return result
+        tokens = speculative_generate(target, draft, prompt, n_tokens, gamma, params, generator)
+        wall = time.perf_counter() - start
+        prefilled = len(prompt) > 1
+        prefill = target.calls[0].seconds + draft.calls[0].seconds if prefilled else 0.0
+        return Generation(tokens, rounds_from_calls(target.calls, draft.calls, prefilled, gamma), wall, prefill)

@@ -24,7 +24,7 @@ class Mistake:
 
 
 #: The modules of the catalogue, one per notebook.
-MODULES = ("ledger", "greedy", "rejection", "chain")
+MODULES = ("ledger", "greedy", "rejection", "chain", "engine")
 
 
 def catalogue() -> list[Mistake]:

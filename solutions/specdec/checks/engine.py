@@ -1,0 +1,302 @@
+"""Hidden-test checks for notebook 05 (the KV cache and a real speculative loop).
+
+The learner's functions run on real Llama models wrapped in a :class:`RecordingModel`,
+so the checks see every forward: which tokens were fed, and how long the cache was
+before. From that record they check the walk-the-shapes rule round by round, not only
+the final tokens (a loop without the draft's catch-up still produces the right greedy
+output, only slower).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from functools import cache
+
+import torch
+
+from specdec import engine
+from specdec.checks.core import CheckFailure, call, upstream_note
+from specdec.checks.stats import compare_frequencies
+from specdec.engine import GREEDY, RecordingModel, SamplingParams
+from specdec.greedy import greedy_verify
+from specdec.model import KVCache, Llama, LlamaConfig
+from specdec.paths import DATA_DIR
+
+_SAMPLING = (SamplingParams(1.0), SamplingParams(0.8, top_k=4))
+
+
+@cache
+def tiny_pair(vocab: int = 32, noise: float = 0.3, seed: int = 0) -> tuple[Llama, Llama]:
+    """A small random target and a draft that is the target with noisy weights (so most,
+    not all, drafts pass). Fast enough for thousands of seeded runs."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=96)
+    target = Llama(config)
+    with torch.no_grad():
+        for w in target.parameters():
+            w.mul_(8.0)  # sharper distributions than the 0.02 init gives
+    draft = Llama(config)
+    draft.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        for w in draft.parameters():
+            w.add_(noise * w.std() * torch.randn_like(w))
+    return target.eval(), draft.eval()
+
+
+@cache
+def shipped_pair() -> tuple[Llama, Llama]:
+    """The course's trained target and draft from data/models."""
+    from specdec.train import load_pair
+
+    return load_pair(DATA_DIR / "models")
+
+
+def _filled_cache(config: LlamaConfig, length: int) -> KVCache:
+    cache = KVCache(config)
+    cache.advance(length)
+    return cache
+
+
+# -- target_only_generate --------------------------------------------------------------
+
+
+def check_target_only_generate(fn: Callable) -> None:
+    """Greedy: equal to the reference on small random models and the shipped ones, one
+    cached forward per token; sampling: three tokens follow the exact joint distribution."""
+    for what, target, _, prompt, n_tokens, _ in _greedy_cases():
+        label = f"target_only_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, greedy)"
+        rec = RecordingModel(target)
+        got = call(fn, label, rec, list(prompt), n_tokens, GREEDY, None)
+        if any(c.cache is None for c in rec.calls):
+            raise CheckFailure(f"{label}: the target was called without a KV cache. Prefill prompt[:-1] once, then feed "
+                               "one token per step: each step then costs one position, not the whole sequence.")
+        steps = rec.calls[1:] if len(prompt) > 1 else rec.calls
+        if len(prompt) > 1 and (rec.calls[0].cache_len != 0 or rec.calls[0].tokens != prompt[:-1]):
+            raise CheckFailure(f"{label}: the first forward should prefill prompt[:-1] into the empty cache (the last "
+                               "prompt token is the first step's input).")
+        if len(steps) != n_tokens or any(len(c.tokens) != 1 or c.cache_len != len(prompt) - 1 + i
+                                         for i, c in enumerate(steps)):
+            raise CheckFailure(f"{label}: after the prefill, expected {n_tokens} forwards of one token each, at cache "
+                               f"lengths {len(prompt) - 1}, {len(prompt)}, ...; got "
+                               f"{[(c.cache_len, len(c.tokens)) for c in steps][:6]} (cache length, tokens fed).")
+        expected = engine.target_only_generate(target, prompt, n_tokens)
+        if got != expected:
+            raise CheckFailure(f"{label}: expected {expected[:12]}..., got {str(got)[:80]}. Greedy picks the argmax "
+                               "of the last position's logits (params.probs gives a one-hot at temperature 0).")
+    _check_sampling(fn, "target_only_generate")
+
+
+# -- rollback -----------------------------------------------------------------------
+
+
+def check_rollback(fn: Callable) -> None:
+    """Cache lengths and the pending tokens for P in {3, 7}, gamma in {1, 3, 4}, every k."""
+    config = tiny_pair()[0].config
+    for P, gamma in itertools.product((7, 3), (4, 3, 1)):
+        for k in sorted(range(gamma + 1), key=lambda k: (k != gamma // 2, k)):  # a middle k first: clearest hints
+            drafts = [10 + i for i in range(gamma)]
+            committed = drafts[:k] + [30]
+            target_cache = _filled_cache(config, P + gamma)  # after verifying gamma + 1 positions
+            draft_cache = _filled_cache(config, P + gamma - 1)  # it never fed its last draft
+            label = (f"rollback(P={P}, drafts={drafts}, committed={committed}) with the target cache at "
+                     f"{P + gamma} and the draft cache at {P + gamma - 1}")
+            pending = call(fn, label, target_cache, draft_cache, P, list(drafts), list(committed))
+            want_target = P + k
+            if target_cache.length != want_target:
+                raise CheckFailure(f"{label}: the target cache should be cropped to P + k = {want_target} (k = {k} "
+                                   f"accepted), but it has length {target_cache.length}.{_target_hint(target_cache.length, P, k, gamma)}")
+            want_draft = P + k if k < gamma else P + gamma - 1
+            if draft_cache.length != want_draft:
+                raise CheckFailure(f"{label}: the draft cache should have length {want_draft}, got {draft_cache.length}."
+                                   + (" After a full acceptance it holds P + gamma - 1 entries: every accepted draft "
+                                      "but the last, which it never fed. Leave it as it is." if k == gamma else
+                                      " Crop it like the target's: P + k entries."))
+            want_pending = [30] if k < gamma else [drafts[-1], 30]
+            if not isinstance(pending, list) or pending != want_pending:
+                raise CheckFailure(f"{label}: the draft's pending input should be {want_pending}, got {pending!r}."
+                                   + (" After a full acceptance the draft must catch up: it never fed its own last "
+                                      "draft, so next round it feeds that draft and the bonus token, in one forward."
+                                      if k == gamma else " Only the new target token is still unfed."))
+
+
+def _target_hint(got: int, P: int, k: int, gamma: int) -> str:
+    if got == P + gamma:
+        return " It was not cropped at all: the rejected drafts' entries stay in the cache (no rollback)."
+    if got == P + k + 1:
+        return " Off by one: the new token (the target's correction or bonus) has no KV entry yet; it is the next input."
+    if got == P + k - 1:
+        return " Off by one: you dropped the last accepted draft's entry."
+    if got in (P - 1, P):
+        return (" The accepted drafts are missing: the cache must advance by the k accepted tokens, not go back to the "
+                "round's start.")
+    return ""
+
+
+# -- propose ------------------------------------------------------------------------
+
+
+def check_propose(fn: Callable) -> None:
+    """Drafts, q rows and cache growth for greedy and sampling, 1 or 2 pending tokens;
+    then the joint distribution of two sampled drafts by seeded Monte Carlo."""
+    draft = tiny_pair()[1]
+    context = [3, 1, 4, 1, 5, 9, 2, 6]
+    for params, n_pending, gamma in itertools.product((GREEDY, *_SAMPLING), (1, 2), (1, 3)):
+        label = f"propose(gamma={gamma}, pending={context[-n_pending:]}, params={params}) after {context[:-n_pending]}"
+        cache = KVCache(draft.config)
+        draft(torch.tensor([context[:-n_pending]]), cache)
+        recorder = RecordingModel(draft)
+        got = call(fn, label, recorder, cache, context[-n_pending:], gamma, params, torch.Generator().manual_seed(0))
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(f"{label}: return (drafts, q), got {got!r}")
+        drafts, q = got
+        if not isinstance(drafts, list) or len(drafts) != gamma or not all(isinstance(t, int) for t in drafts):
+            raise CheckFailure(f"{label}: drafts should be a list of {gamma} Python ints, got {drafts!r}")
+        if not isinstance(q, torch.Tensor) or q.shape != (gamma, draft.config.vocab_size):
+            raise CheckFailure(f"{label}: q should be a tensor of shape ({gamma}, V={draft.config.vocab_size}), got "
+                               f"{getattr(q, 'shape', q)!r}")
+        if any(c.cache is not cache for c in recorder.calls):
+            raise CheckFailure(f"{label}: call the draft with the cache it was given, every time.")
+        if cache.length != len(context) + gamma - 1:
+            extra = cache.length - (len(context) + gamma - 1)
+            raise CheckFailure(
+                f"{label}: the draft cache should grow from {len(context) - n_pending} to {len(context) + gamma - 1} "
+                f"(the pending tokens and drafts 1..gamma-1), but it is {cache.length}."
+                + (" You also fed the last draft: it is not needed yet (the target checks it; if it is accepted the "
+                   "draft catches up next round)." if extra == 1 else "")
+                + (" Feed every pending token in the first forward: after a full acceptance there are two (the "
+                   "draft's own last draft and the bonus)." if extra == -1 and n_pending == 2 else ""))
+        with torch.no_grad():
+            full = draft(torch.tensor([context + drafts[:-1]]))[0, len(context) - 1 :]  # (gamma, V), no cache
+        want = params.probs(full)
+        if not torch.allclose(q.to(torch.float64), want, atol=1e-4):  # cached vs full forward: float32 rounding
+            row = int((q.to(torch.float64) - want).abs().amax(-1).argmax())
+            raise CheckFailure(
+                f"{label}: q[{row}] is not the distribution draft {row} was drawn from. Expected "
+                f"{[round(x, 4) for x in want[row].tolist()]}, got {[round(x, 4) for x in q[row].tolist()]}. "
+                "q must be params.probs(logits) of the draft's last position, the same processed distribution the "
+                "token is sampled from (one-hot at temperature 0), at the right position.")
+        if params.temperature == 0 and drafts != want.argmax(-1).tolist():
+            raise CheckFailure(f"{label}: greedy drafts should be the argmax of q each time: expected "
+                               f"{want.argmax(-1).tolist()}, got {drafts}.")
+    _check_propose_samples(fn, tiny_pair(vocab=6, noise=0.5, seed=3)[1])
+
+
+def _check_propose_samples(fn: Callable, draft: Llama, n: int = 1500) -> None:
+    params, context, gamma = SamplingParams(1.0), [3, 1, 4, 1, 5], 2
+    with torch.no_grad():
+        first = params.probs(draft(torch.tensor([context]))[0, -1])
+        second = params.probs(draft(torch.tensor([context + [y] for y in range(draft.config.vocab_size)]))[:, -1])
+    exact = {(a, b): float(first[a] * second[a, b]) for a in range(len(first)) for b in range(len(first))}
+    g = torch.Generator().manual_seed(5)
+    label = f"propose(gamma={gamma}, params={params}) after {context}, {n} seeded runs"
+    samples = []
+    for _ in range(n):
+        cache = KVCache(draft.config)
+        draft(torch.tensor([context[:-1]]), cache)
+        drafts, _ = call(fn, label, draft, cache, context[-1:], gamma, params, g)
+        samples.append(tuple(drafts))
+    compare_frequencies(samples, exact, label + ": the pair of drafts",
+                        hint="Sample each draft from q with the generator (e.g. specdec.sampling.sample(q, generator)).")
+
+
+# -- speculative_generate -------------------------------------------------------------
+
+
+def check_speculative_generate(fn: Callable) -> None:
+    """Greedy on a small random pair and on the shipped checkpoints: output equal to
+    target-only greedy and every round's cache lengths per the walk-the-shapes rule;
+    sampling: the first three tokens follow the target's exact joint distribution."""
+    requires = [("propose", check_propose), ("rollback", check_rollback)]
+    try:
+        _check_greedy(fn)
+        _check_sampling(fn, "speculative_generate")
+    except CheckFailure as failure:
+        note = upstream_note(fn, requires)
+        raise CheckFailure(str(failure) + note) from None
+
+
+def _greedy_cases():
+    target, draft = tiny_pair()
+    for gamma, prompt in ((1, [5, 9]), (3, [1, 2, 3, 4]), (5, [7])):
+        yield "small random models", target, draft, prompt, 30, gamma
+    target, draft = shipped_pair()
+    from specdec import corpus, tokenizer
+
+    for name, text in (("math", corpus.math_prompts(1)[0]), ("code", corpus.code_prompts(1)[0])):
+        yield f"shipped models, {name} prompt", target, draft, tokenizer.encode(text), 40, 4
+
+
+def _check_greedy(fn: Callable) -> None:
+    for what, target, draft, prompt, n_tokens, gamma in _greedy_cases():
+        label = f"speculative_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, gamma={gamma}, greedy)"
+        t_rec, d_rec = RecordingModel(target, keep_logits=True), RecordingModel(draft)
+        got = call(fn, label, t_rec, d_rec, list(prompt), n_tokens, gamma, GREEDY, None)
+        _check_rounds(label, prompt, gamma, t_rec, d_rec)
+        expected = engine.target_only_generate(target, prompt, n_tokens)
+        if not isinstance(got, list) or got != expected:
+            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))) \
+                if isinstance(got, list) else 0
+            raise CheckFailure(f"{label}: expected target-only greedy's {n_tokens} tokens; yours differ from new token "
+                               f"{first} on (expected {expected[first:first + 5]}..., got {str(got)[:80]}).")
+
+
+def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingModel, d_rec: RecordingModel) -> None:
+    """Replay the record: per round, the target's cache must hold P - 1 entries and be fed
+    [last committed token, gamma drafts]; every draft forward must continue the sequence
+    the draft should have seen (committed tokens, then this round's drafts)."""
+    for who, rec in (("target", t_rec), ("draft", d_rec)):
+        if any(c.cache is None for c in rec.calls):
+            raise CheckFailure(f"{label}: the {who} was called without a KV cache: every forward must continue its "
+                               "cache (recomputing the whole sequence each round is exactly the cost the cache avoids).")
+    verify = t_rec.calls
+    if len(prompt) > 1:
+        if not verify or verify[0].cache_len != 0 or verify[0].tokens != prompt[:-1]:
+            raise CheckFailure(f"{label}: the first target forward should prefill prompt[:-1] into an empty cache (the "
+                               "last prompt token is the first round's input).")
+        verify = verify[1:]
+    sequence, previous = list(prompt), -1
+    for i, c in enumerate(verify, start=1):
+        P = len(sequence)
+        if len(c.tokens) != gamma + 1:
+            raise CheckFailure(f"{label}, round {i}: feed the target the last committed token and the {gamma} drafts "
+                               f"({gamma + 1} positions) in one forward; it got {len(c.tokens)}.")
+        if c.cache_len != P - 1:
+            raise CheckFailure(f"{label}, round {i}: {P} tokens were committed before this round, so the target cache "
+                               f"should hold P - 1 = {P - 1} entries when it verifies, but it held {c.cache_len}. After "
+                               "each round crop it to P + k (the prefix and the k accepted drafts).")
+        if c.tokens[0] != sequence[-1]:
+            raise CheckFailure(f"{label}, round {i}: the target's first input should be the last committed token "
+                               f"{sequence[-1]}, got {c.tokens[0]}.")
+        working = sequence + c.tokens[1:]  # what the draft should have seen by now
+        for dc in d_rec.calls:
+            if previous < dc.order < c.order and working[dc.cache_len : dc.cache_len + len(dc.tokens)] != dc.tokens:
+                raise CheckFailure(
+                    f"{label}, round {i}: the draft was fed {dc.tokens} at cache position {dc.cache_len}, but the "
+                    f"sequence there is {working[dc.cache_len : dc.cache_len + len(dc.tokens)]}. After a full "
+                    "acceptance the draft must catch up (feed its own last draft and the bonus); after a rejection its "
+                    "cache must be cropped to P + k.")
+        previous = c.order
+        sequence += greedy_verify(torch.tensor(c.tokens[1:]), c.logits).tolist()
+
+
+def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
+    target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
+    params, prompt = _SAMPLING[1], [1, 2]
+    with torch.no_grad():
+        exact = {}
+        for seq in itertools.product(range(6), repeat=3):
+            probs = params.probs(target(torch.tensor([prompt + list(seq[:2])]))[0, -3:])
+            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    g = torch.Generator().manual_seed(0)
+    models = (target,) if name == "target_only_generate" else (target, draft)
+    gamma = () if name == "target_only_generate" else (2,)
+    label = f"{name}(small random models, prompt={prompt}, n_tokens=3{', gamma=2' if gamma else ''}, params={params})"
+    runs = []
+    for _ in range(n):
+        got = call(fn, label, *models, prompt, 3, *gamma, params, g)
+        runs.append(tuple(got) if isinstance(got, list) else got)
+    compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the 3 tokens",
+                        hint="Sample with the request's params: params.probs(logits) applies temperature and top-k."
+                        + (" At temperature > 0 verify with verify_chain(params.probs(target logits), q, drafts, "
+                           "generator), where q is what the drafts were drawn from." if gamma else ""))

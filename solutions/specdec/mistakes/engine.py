@@ -1,0 +1,139 @@
+"""Known-wrong answers to the exercises of notebook 05 (the KV cache and the loop)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.chain import verify_chain
+from specdec.engine import GREEDY, propose, rollback
+from specdec.greedy import greedy_verify
+from specdec.mistakes import Mistake
+from specdec.model import KVCache
+from specdec.sampling import sample
+
+
+def _rollback(target_cache, draft_cache, P, drafts, committed, *, target_len=None, catch_up=True, crop=True):
+    k = len(committed) - 1
+    if crop:
+        target_cache.crop(min(target_len(P, k) if target_len else P + k, target_cache.length))
+    if k < len(drafts) or not catch_up:
+        if crop:
+            draft_cache.crop(min(P + k, draft_cache.length))
+        return [committed[-1]]
+    return [drafts[-1], committed[-1]]
+
+
+def _propose(draft, cache, pending, gamma, params=GREEDY, generator=None, *, catch_up=True, feed_last=False,
+             raw_softmax=False):
+    drafts, q_rows, feed = [], [], list(pending) if catch_up else list(pending[-1:])
+    for _ in range(gamma):
+        logits = draft(torch.tensor([feed]), cache)[0, -1].double()
+        if raw_softmax:  # q from the raw logits, while the token follows the request's settings
+            q = torch.softmax(logits, -1)
+            y = int(logits.argmax()) if params.temperature == 0 else int(sample(params.probs(logits), generator))
+        else:
+            q = params.probs(logits)
+            y = int(sample(q, generator))
+        drafts.append(y)
+        q_rows.append(q)
+        feed = [y]
+    if feed_last:
+        draft(torch.tensor([feed]), cache)
+    return drafts, torch.stack(q_rows)
+
+
+def _generate(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=None, *, roll=rollback,
+              use_cache=True, always_greedy=False, prefill_all=False):
+    t_cache, d_cache = KVCache(target.config), KVCache(draft.config)
+    tokens = list(prompt)
+    head = prompt if prefill_all else prompt[:-1]
+    if head:
+        target(torch.tensor([head]), t_cache)
+        draft(torch.tensor([head]), d_cache)
+    pending = tokens[-1:]
+    while len(tokens) - len(prompt) < n_tokens:
+        P = len(tokens)
+        drafts, q = propose(draft, d_cache, pending, gamma, params, generator)
+        if use_cache:
+            logits = target(torch.tensor([tokens[-1:] + drafts]), t_cache)[0]
+        else:  # the whole sequence again, every round
+            logits = target(torch.tensor([tokens + drafts]))[0, -(gamma + 1):]
+        if params.temperature == 0 or always_greedy:
+            committed = greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        tokens += committed
+        pending = roll(t_cache, d_cache, P, drafts, committed)
+    return tokens[len(prompt) : len(prompt) + n_tokens]
+
+
+def _plain(target, prompt, n_tokens, params=GREEDY, generator=None, *, use_cache=True, prefill_all=False,
+           raw_softmax=False):
+    cache = KVCache(target.config)
+    tokens = list(prompt)
+    head = prompt if prefill_all else prompt[:-1]
+    if head and use_cache:
+        target(torch.tensor([head]), cache)
+    for _ in range(n_tokens):
+        if use_cache:
+            logits = target(torch.tensor([tokens[-1:]]), cache)[0, -1]
+        else:
+            logits = target(torch.tensor([tokens]))[0, -1]
+        if raw_softmax and params.temperature > 0:  # temperature, but no top-k / top-p
+            probs = torch.softmax(logits.double() / params.temperature, -1)
+        else:
+            probs = params.probs(logits)
+        tokens.append(int(sample(probs, generator)))
+    return tokens[len(prompt):]
+
+
+def _target_only(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=None):
+    from specdec.engine import target_only_generate
+
+    return target_only_generate(target, prompt, n_tokens, params, generator)
+
+
+def _no_rollback(target_cache, draft_cache, P, drafts, committed):
+    return _rollback(target_cache, draft_cache, P, drafts, committed, crop=False)
+
+
+def _no_catch_up(target_cache, draft_cache, P, drafts, committed):
+    return _rollback(target_cache, draft_cache, P, drafts, committed, catch_up=False)
+
+
+MISTAKES = [
+    Mistake("target_only_generate", "no_cache", lambda *a: _plain(*a, use_cache=False),
+            "Use the KV cache: prefill once, then one position per step."),
+    Mistake("target_only_generate", "prefill_whole_prompt", lambda *a: _plain(*a, prefill_all=True),
+            "Prefill prompt[:-1]: the last prompt token is the first step's input."),
+    Mistake("target_only_generate", "ignores_top_k", lambda *a: _plain(*a, raw_softmax=True),
+            "Sample from params.probs(logits), which applies top-k and top-p too."),
+    Mistake("rollback", "crop_one_too_many", lambda *a: _rollback(*a, target_len=lambda P, k: P + k + 1),
+            "The new token has no KV entry yet (it is the next round's input): keep P + k entries."),
+    Mistake("rollback", "crop_one_too_few", lambda *a: _rollback(*a, target_len=lambda P, k: P + k - 1),
+            "Keep the prefix (P - 1 entries before the round) plus the last committed token and the k accepted drafts: P + k."),
+    Mistake("rollback", "no_rollback", _no_rollback,
+            "Crop both caches: the rejected drafts' entries must go."),
+    Mistake("rollback", "no_draft_catch_up", _no_catch_up,
+            "After a full acceptance the draft never fed its last draft: pending must be [drafts[-1], bonus]."),
+    Mistake("rollback", "not_advanced_by_accepted", lambda *a: _rollback(*a, target_len=lambda P, k: P - 1),
+            "The cache must advance by the accepted drafts, not return to where the round started."),
+    Mistake("propose", "no_catch_up", lambda *a: _propose(*a, catch_up=False),
+            "Feed every pending token in the first forward."),
+    Mistake("propose", "feeds_last_draft", lambda *a: _propose(*a, feed_last=True),
+            "The last draft is not fed: the cache grows by len(pending) + gamma - 1."),
+    Mistake("propose", "softmax_q", lambda *a: _propose(*a, raw_softmax=True),
+            "q must be the distribution the draft was drawn from: params.probs(logits), one-hot when greedy."),
+    Mistake("speculative_generate", "no_rollback", lambda *a: _generate(*a, roll=_no_rollback),
+            "Roll both caches back after each round."),
+    Mistake("speculative_generate", "no_draft_catch_up", lambda *a: _generate(*a, roll=_no_catch_up),
+            "After a full acceptance the draft must catch up."),
+    Mistake("speculative_generate", "no_cache", lambda *a: _generate(*a, use_cache=False),
+            "Use the target's KV cache: feed only the last committed token and the drafts."),
+    Mistake("speculative_generate", "target_only", _target_only,
+            "Speculate: one target forward per round over gamma + 1 positions."),
+    Mistake("speculative_generate", "prefill_whole_prompt", lambda *a: _generate(*a, prefill_all=True),
+            "Prefill prompt[:-1]: the last prompt token is the first round's input."),
+    Mistake("speculative_generate", "greedy_verify_when_sampling", lambda *a: _generate(*a, always_greedy=True),
+            "At temperature > 0 verify with verify_chain."),
+]
