@@ -19,7 +19,7 @@ help:
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook)"
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
-	@echo "make models   train the target and draft models into data/models/ (about 30 min on 2 cores)"
+	@echo "make models   train the target and draft models into data/models/ (about 45 min on 2 cores)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
 
@@ -49,7 +49,7 @@ models: $(STAMP)
 	$(BIN)/python -m specdec.train
 
 bench: $(STAMP)
-	$(BIN)/python -m specdec.bench
+	$(BIN)/python -m specdec.bench --hf
 
 clean:
 	rm -rf .grades .pytest_cache .hypothesis

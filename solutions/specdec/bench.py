@@ -3,8 +3,9 @@
 ``python -m specdec.bench`` (``make bench``) measures, per task (code, math), per draft
 length gamma and per proposer, batch 1:
 
-- ``draft``: this course's engine with the shipped draft model; greedy outputs are checked
-  equal to target-only decoding;
+- ``draft``: this course's engine with the shipped draft model, and ``lookup``: the same
+  engine with prompt-lookup (n-gram) proposals; greedy outputs are checked equal to
+  target-only decoding;
 - ``hf-assisted`` and ``hf-prompt-lookup`` (with ``--hf``): Hugging Face transformers'
   assisted generation and prompt lookup on the same weights, next to transformers'
   own target-only decoding, outputs checked against ours.
@@ -105,7 +106,7 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
         hf[1].generation_config.num_assistant_tokens_schedule = "constant"
         hf[1].generation_config.assistant_confidence_threshold = 0.0
     rows = []
-    total = len(prompts) * n_prompts * (1 + len(gammas) + (1 + 2 * len(gammas) if hf else 0))
+    total = len(prompts) * n_prompts * (1 + 2 * len(gammas) + (1 + 2 * len(gammas) if hf else 0))
     bar = tqdm(total=total, desc="bench", unit="prompt")
     for task, texts in prompts.items():
         encoded = [tokenizer.encode(t) for t in texts]
@@ -115,24 +116,25 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
             base.append(gen.tokens)
             base_s += s
             bar.update()
-        for gamma in gammas:
-            seconds = accepted = proposed = rounds = 0
-            split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
-            identical = True
-            for ids, want in zip(encoded, base):
-                gen, s = _median_time(lambda: engine.generate(ids, n_tokens, gamma), repeats)
-                identical &= gen.tokens == want
-                seconds += s
-                accepted += sum(r.accepted for r in gen.rounds)
-                proposed += sum(r.proposed for r in gen.rounds)
-                rounds += len(gen.rounds)
-                split["draft_frac"] += sum(r.draft_s for r in gen.rounds) / gen.wall_s / len(encoded)
-                split["target_frac"] += sum(r.target_s for r in gen.rounds) / gen.wall_s / len(encoded)
-                split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
-                bar.update()
-            rows.append(_row(task, "draft", gamma, accepted, proposed, rounds, n_tokens * len(encoded), seconds, base_s,
-                             costs["c"], costs["verify_ratio"][gamma], identical, split))
-            tqdm.write(json.dumps(rows[-1]))
+        for proposer, generate, c in (("draft", engine.generate, costs["c"]), ("lookup", engine.generate_lookup, 1e-9)):
+            for gamma in gammas:
+                seconds = accepted = proposed = rounds = 0
+                split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
+                identical = True
+                for ids, want in zip(encoded, base):
+                    gen, s = _median_time(lambda: generate(ids, n_tokens, gamma), repeats)
+                    identical &= gen.tokens == want
+                    seconds += s
+                    accepted += sum(r.accepted for r in gen.rounds)
+                    proposed += sum(r.proposed for r in gen.rounds)
+                    rounds += len(gen.rounds)
+                    split["draft_frac"] += sum(r.draft_s for r in gen.rounds) / gen.wall_s / len(encoded)
+                    split["target_frac"] += sum(r.target_s for r in gen.rounds) / gen.wall_s / len(encoded)
+                    split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
+                    bar.update()
+                rows.append(_row(task, proposer, gamma, accepted, proposed, rounds, n_tokens * len(encoded), seconds,
+                                 base_s, c, costs["verify_ratio"][gamma], identical, split))
+                tqdm.write(json.dumps(rows[-1]))
         if hf:
             hf_base_s = 0.0
             for ids, want in zip(encoded, base):
@@ -168,7 +170,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, task in zip(axes, ("code", "math")):
-        for proposer, style in (("draft", "o-"), ("hf-assisted", "s:"), ("hf-prompt-lookup", "^:")):
+        for proposer, style in (("draft", "o-"), ("lookup", "^-"), ("hf-assisted", "s:"), ("hf-prompt-lookup", "^:")):
             mine = [r for r in rows if r["task"] == task and r["proposer"] == proposer]
             if mine:
                 ax.plot([r["gamma"] for r in mine], [r["speedup"] for r in mine], style, label=f"{proposer} (measured)")

@@ -253,6 +253,23 @@ class SpeculativeEngine:
         prefill = target.calls[0].seconds if len(prompt) > 1 else 0.0
         return Generation(tokens, wall_s=wall, prefill_s=prefill)
 
+    def generate_lookup(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
+                        generator: torch.Generator | None = None, n_max: int = 3, n_min: int = 1) -> Generation:
+        """Speculative decoding with prompt-lookup proposals (no draft model), notebook 06."""
+        from specdec.lookup import lookup_generate
+
+        target = RecordingModel(self.target)
+        start = time.perf_counter()
+        tokens = lookup_generate(target, prompt, n_tokens, gamma, params, generator, n_max, n_min)
+        wall = time.perf_counter() - start
+        calls = target.calls[1:] if len(prompt) > 1 else target.calls
+        rounds = []
+        for i, call in enumerate(calls):
+            after = calls[i + 1].cache_len if i + 1 < len(calls) else call.cache.length
+            accepted = after - call.cache_len - 1
+            rounds.append(RoundStats(len(call.tokens) - 1, accepted, accepted + 1, 0.0, call.seconds, after, 0))
+        return Generation(tokens, rounds, wall, target.calls[0].seconds if len(prompt) > 1 else 0.0)
+
     def generate(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                  generator: torch.Generator | None = None) -> Generation:
         """Speculative decoding: the same output distribution as generate_target_only."""

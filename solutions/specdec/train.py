@@ -163,7 +163,74 @@ def main(argv: list[str] | None = None) -> int:
         log_path.write_text(json.dumps(log, indent=1))
         print(f"{name}: {model.num_params():,} parameters, held-out loss {held_out}, {seconds / 60:.1f} min")
     plot_losses(log, args.out / "loss.png")
+    write_model_card(log, args.out)
     return 0
+
+
+def write_model_card(log: dict, folder: Path) -> None:
+    """data/models/README.md from the training log, so the card always matches the weights."""
+    rows = []
+    for name, e in log.items():
+        c = e["config"]
+        size = (folder / f"{name}.safetensors").stat().st_size / 1e6
+        rows.append(f"| {name} | {e['params'] / 1e6:.2f}M | {c['d_model']} | {c['n_layers']} | {c['n_heads']} / "
+                    f"{c['n_kv_heads']} | {c['d_ff']} | {c['max_seq_len']} | {size:.1f} MB |")
+    runs = []
+    for name, e in log.items():
+        objective = "soft cross-entropy with the target's distribution (distilled)" if e["distilled"] else \
+            "next-byte cross-entropy"
+        runs.append(f"| {name} | {objective} | {e['steps']} x {e['batch_size']} x {e['seq_len']} = "
+                    f"{e['steps'] * e['batch_size'] * e['seq_len'] / 1e6:.1f}M | {e['train_seconds'] / 60:.1f} min on "
+                    f"{e['threads']} threads | {e['final_train_loss']:.3f} | {e['held_out_loss']['code']:.3f} | "
+                    f"{e['held_out_loss']['math']:.3f} |")
+    card = f"""# The course's models
+
+Two byte-level Llama-style decoders (`specdec/model.py`) trained by this project's own script
+on a 2-core CPU; nothing was downloaded. They exist to make speculative decoding real in the
+notebooks: real KV caches, real acceptance rates, real speedups. They are not useful models.
+
+| model | parameters | d_model | layers | query / KV heads | d_ff | context | file (bf16) |
+|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Vocabulary: the 256 byte values (`specdec/tokenizer.py`), shared by both, so every draft token
+is a valid target token. Weights are stored in bfloat16 with the config in the safetensors
+metadata; `specdec.train.load` returns float32 models. `specdec.hf.to_transformers` turns either
+into a Hugging Face `LlamaForCausalLM` with the same logits (`tests/test_hf.py`).
+
+## Data
+
+Half of every batch is code, half math (`specdec/corpus.py`):
+
+- **code**: this interpreter's standard library source (ASCII `.py` files, test and demo
+  packages skipped), read at training time and never committed. One file in ten, chosen by a
+  hash of its name, is held out: the code prompts and the held-out loss come from those.
+- **math**: step-by-step arithmetic word problems from the course's generator (seed 0 for
+  training; the prompts use another seed, `data/prompts/math.jsonl`).
+
+## Training
+
+AdamW (lr 3e-3, betas 0.9/0.95, weight decay 0.1), warm-up then cosine decay, gradient
+clipping at 1. The target learns the next byte; the draft is then distilled from the target,
+learning its whole next-byte distribution, which is what speculative acceptance rewards.
+
+| model | objective | steps x batch x length = bytes | time | final train loss | held-out code | held-out math |
+|---|---|---|---|---|---|---|
+{chr(10).join(runs)}
+
+Losses are in nats per byte; the draft's train loss is the soft cross-entropy (it includes the
+target's own entropy), its held-out losses are ordinary next-byte cross-entropy.
+
+![training loss](loss.png)
+
+## Retrain
+
+`make models` (or `python -m specdec.train`) rewrites `target.safetensors`, `draft.safetensors`,
+`train_log.json`, `loss.png` and this card. `--only draft` re-distils the draft from the target in
+this folder. With the same seed, Python version (the standard library is the code data), torch
+version and thread count, the weights come out the same.
+"""
+    (folder / "README.md").write_text(card)
 
 
 def plot_losses(log: dict, path: Path) -> None:

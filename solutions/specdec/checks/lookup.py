@@ -1,0 +1,186 @@
+"""Hidden-test checks for notebook 06 (prompt lookup)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+
+import torch
+
+from specdec import lookup
+from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, upstream_note
+from specdec.checks.engine import shipped_pair, tiny_pair
+from specdec.checks.stats import compare_frequencies
+from specdec.engine import GREEDY, RecordingModel, SamplingParams, target_only_generate
+from specdec.greedy import greedy_verify
+
+_SEED = 6
+
+#: Hand-picked edge cases: (description, tokens, n).
+_MATCH_EDGES = [
+    ("two earlier matches: the latest wins", [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3], 3),
+    ("a match that overlaps the suffix", [7, 7, 7], 2),
+    ("a run of one token", [4, 4, 4, 4, 4], 3),
+    ("no earlier match", [1, 2, 3, 4], 2),
+    ("n longer than the history", [1, 2], 3),
+    ("n equal to the history", [5, 5, 5], 3),
+    ("a single token", [9], 1),
+    ("the only match is at the start", [3, 1, 4, 3, 1], 2),
+]
+
+
+def _random_sequences(n: int) -> list[tuple[str, list[int], int]]:
+    rng = random.Random(_SEED)
+    out = []
+    for _ in range(n):
+        tokens = [rng.randrange(3) for _ in range(rng.randint(1, 14))]
+        n_gram = rng.randint(1, 4)
+        out.append((f"tokens={tokens}, n={n_gram}", tokens, n_gram))
+    return out
+
+
+def check_find_match(fn: Callable) -> None:
+    """Edge cases, then 300 random short sequences over 3 tokens (many repeats)."""
+    cases = [(f"{d}: tokens={t}, n={n}", (list(t), n)) for d, t, n in _MATCH_EDGES]
+    cases += [(d, (t, n)) for d, t, n in _random_sequences(300)]
+    compare_cases(fn, lookup.find_match, cases, integer=True)
+
+
+def check_propose_ngram(fn: Callable) -> None:
+    """Edge cases (no match, short continuation, fallback to shorter n, gamma cut) and
+    random sequences, for several gamma and n ranges."""
+    edges = [
+        ("the continuation of the latest 3-gram match", [1, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3], 4, 3, 1),
+        ("the continuation is cut at gamma", [1, 2, 3, 4, 5, 6, 1, 2], 2, 2, 1),
+        ("fewer than gamma tokens follow", [8, 9, 8], 5, 2, 1),
+        ("no 3-gram match: fall back to a 2-gram", [1, 2, 3, 9, 2, 3, 4, 1, 2, 3], 3, 3, 1),
+        ("no match at all", [1, 2, 3, 4], 3, 3, 1),
+        ("only a 1-gram matches but n_min is 2", [1, 2, 3, 1], 3, 3, 2),
+        ("n_max longer than the history", [6, 6], 3, 5, 1),
+    ]
+    cases = [(f"{d}: tokens={t}, gamma={g}, n_max={hi}, n_min={lo}", (list(t), g, hi, lo)) for d, t, g, hi, lo in edges]
+    rng = random.Random(_SEED + 1)
+    for desc, tokens, _ in _random_sequences(200):
+        gamma, n_min = rng.randint(1, 5), rng.randint(1, 2)
+        n_max = n_min + rng.randint(0, 2)
+        cases.append((f"{desc.split(', n=')[0]}, gamma={gamma}, n_max={n_max}, n_min={n_min}",
+                      (tokens, gamma, n_max, n_min)))
+    _compare_lists(fn, cases, requires=[("find_match", check_find_match)])
+
+
+def _compare_lists(fn: Callable, cases, requires) -> None:
+    for description, args in cases:
+        label = f"propose_ngram({description})"
+        expected = lookup.propose_ngram(*args)
+        got = call(fn, label, *args)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        if got != expected:
+            raise CheckFailure(f"{label}: expected {expected}, got {got!r}.{_propose_hint(args, got)}"
+                               f"{upstream_note(fn, requires)}")
+
+
+def _propose_hint(args, got) -> str:
+    tokens, gamma, n_max, n_min = args
+    for n in range(n_max, n_min - 1, -1):
+        start = lookup.find_match(tokens, n)
+        if start >= 0:
+            if got == list(tokens[start : start + n + gamma])[:gamma] or got == list(tokens[start : start + n]):
+                return " That is the match itself: propose what follows it, tokens[start + n : start + n + gamma]."
+            if isinstance(got, list) and len(got) > gamma:
+                return f" Propose at most gamma = {gamma} tokens."
+            break
+    for n in range(n_min, n_max + 1):
+        start = lookup.find_match(tokens, n)
+        if start >= 0 and got == list(tokens[start + n : start + n + gamma]):
+            return " Try the longest n first (n_max down to n_min): a longer match is more reliable."
+    return ""
+
+
+def check_find_match_vectorised(fn: Callable) -> None:
+    """Agrees with find_match on edge cases and random tensors; no Python loop over positions."""
+    cases = [(f"{d}: tokens={t}, n={n}", (torch.tensor(t), n)) for d, t, n in _MATCH_EDGES]
+    cases += [(d, (torch.tensor(t), n)) for d, t, n in _random_sequences(300)]
+    for description, args in cases:
+        label = f"find_match_vectorised({description})"
+        expected = lookup.find_match(args[0].tolist(), args[1])
+        got = call(fn, label, *args)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = int(got)
+        if got != expected:
+            raise CheckFailure(f"{label}: expected {expected}, got {got!r}. Compare every window that starts before the "
+                               "suffix (tokens[:-1].unfold(0, n, 1)) with the suffix, and take the last hit.")
+    # the only earlier match is at the very start, so a loop from either end must walk every position
+    small, large = (torch.tensor([1, 2, 3, *range(10, 10 + m), 1, 2, 3]) for m in (10, 400))
+    expect_no_loop_over(fn, "find_match_vectorised", (small, 3), (large, 3), "positions")
+
+
+def check_lookup_generate(fn: Callable) -> None:
+    """Greedy: equal to target-only greedy (small random model and the shipped target),
+    one target forward per round over [last token] + proposal, cache cropped to P + k;
+    sampling: the first three tokens follow the target's exact joint distribution."""
+    requires = [("propose_ngram", check_propose_ngram)]
+    try:
+        _check_lookup_greedy(fn)
+        _check_lookup_sampling(fn)
+    except CheckFailure as failure:
+        raise CheckFailure(str(failure) + upstream_note(fn, requires)) from None
+
+
+def _lookup_cases():
+    target, _ = tiny_pair()
+    for gamma, prompt in ((1, [1, 2, 3, 1, 2, 3, 1, 2]), (4, [5, 9, 5, 9, 5]), (3, [7])):
+        yield "small random model", target, prompt, 30, gamma
+    target, _ = shipped_pair()
+    from specdec import corpus, tokenizer
+
+    for name, text in (("code", corpus.code_prompts(1)[0]), ("math", corpus.math_prompts(1)[0])):
+        yield f"shipped target, {name} prompt", target, tokenizer.encode(text), 40, 4
+
+
+def _check_lookup_greedy(fn: Callable) -> None:
+    for what, target, prompt, n_tokens, gamma in _lookup_cases():
+        label = f"lookup_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, gamma={gamma}, greedy)"
+        rec = RecordingModel(target, keep_logits=True)
+        got = call(fn, label, rec, list(prompt), n_tokens, gamma, GREEDY, None)
+        if any(c.cache is None for c in rec.calls):
+            raise CheckFailure(f"{label}: the target was called without its KV cache.")
+        calls = rec.calls
+        if len(prompt) > 1:
+            if calls[0].cache_len != 0 or calls[0].tokens != prompt[:-1]:
+                raise CheckFailure(f"{label}: the first forward should prefill prompt[:-1] into the empty cache.")
+            calls = calls[1:]
+        sequence = list(prompt)
+        for i, c in enumerate(calls, start=1):
+            proposal = lookup.propose_ngram(sequence, gamma)
+            if c.cache_len != len(sequence) - 1:
+                raise CheckFailure(f"{label}, round {i}: with {len(sequence)} committed tokens the cache should hold "
+                                   f"{len(sequence) - 1} entries when the target verifies, but it held {c.cache_len}. "
+                                   "Crop it to P + k after each round.")
+            if c.tokens != sequence[-1:] + proposal:
+                raise CheckFailure(f"{label}, round {i}: the target should be fed the last committed token and the "
+                                   f"proposal, {sequence[-1:] + proposal}; it was fed {c.tokens}.")
+            sequence += greedy_verify(torch.tensor(proposal, dtype=torch.long), c.logits).tolist()
+        expected = target_only_generate(target, prompt, n_tokens)
+        if got != expected:
+            raise CheckFailure(f"{label}: expected target-only greedy's tokens {expected[:12]}..., got {str(got)[:80]}.")
+
+
+def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
+    target, _ = tiny_pair(vocab=6, noise=0.5, seed=3)
+    params, prompt = SamplingParams(0.8, top_k=4), [1, 2, 1, 2, 1]
+    with torch.no_grad():
+        exact = {}
+        for seq in itertools.product(range(6), repeat=3):
+            probs = params.probs(target(torch.tensor([prompt + list(seq[:2])]))[0, -3:])
+            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    g = torch.Generator().manual_seed(0)
+    label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
+    runs = []
+    for _ in range(n):
+        got = call(fn, label, target, prompt, 3, 2, params, g)
+        runs.append(tuple(got) if isinstance(got, list) else got)
+    compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the 3 tokens",
+                        hint="A proposal is deterministic: verify with q one-hot at each draft (accept y with "
+                             "probability p(y); on rejection sample from p with y removed).")
