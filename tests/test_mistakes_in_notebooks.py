@@ -14,7 +14,7 @@ import io
 import pytest
 from conftest import nbgrader_meta, read, source_path
 
-from specdec.mistakes import chain, engine, greedy, ledger, rejection
+from specdec.mistakes import chain, engine, greedy, ledger, lookup, rejection
 
 CATALOGUES = {
     "01_cost_ledger": ledger.MISTAKES,
@@ -22,6 +22,7 @@ CATALOGUES = {
     "03_rejection_sampling": rejection.MISTAKES,
     "04_chain_verify": chain.MISTAKES,
     "05_kv_cache_engine": engine.MISTAKES,
+    "06_prompt_lookup": lookup.MISTAKES,
 }
 
 

@@ -71,22 +71,24 @@ def check_request(target: Llama, draft: Llama | None, prompt: list[int], n_token
             )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def target_only_generate(target: Llama, prompt: list[int], n_tokens: int, params: SamplingParams = GREEDY,
                          generator: torch.Generator | None = None) -> list[int]:
     """Plain decoding, one target forward per token: the baseline and the reference output."""
     check_request(target, None, prompt, n_tokens, 0)
+    ### BEGIN SOLUTION
     cache = KVCache(target.config)
     tokens = list(prompt)
-    if len(prompt) > 1:
+    if len(prompt) > 1:  # everything but the last token, which is the first step's input
         target(torch.tensor([prompt[:-1]]), cache)
     for _ in range(n_tokens):
-        logits = target(torch.tensor([tokens[-1:]]), cache)[0, -1]  # (V,)
+        logits = target(torch.tensor([tokens[-1:]]), cache)[0, -1]  # (V,): the token after everything fed
         tokens.append(int(sample(params.probs(logits), generator)))
     return tokens[len(prompt):]
+    ### END SOLUTION
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def propose(draft: Llama, cache: KVCache, pending: list[int], gamma: int, params: SamplingParams = GREEDY,
             generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor]:
     """The draft's gamma proposals, one cached forward each.
@@ -125,7 +127,7 @@ def rollback(target_cache: KVCache, draft_cache: KVCache, P: int, drafts: list[i
     ### END SOLUTION
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def speculative_generate(target: Llama, draft: Llama, prompt: list[int], n_tokens: int, gamma: int,
                          params: SamplingParams = GREEDY, generator: torch.Generator | None = None) -> list[int]:
     """n_tokens new tokens, distributed exactly as target_only_generate's (equal when greedy)."""

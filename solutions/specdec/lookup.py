@@ -21,7 +21,7 @@ from specdec.sampling import sample
 from specdec.validate import check_positive_int, check_tensor
 
 
-def _check_lookup(n: int, tokens: Sequence[int] | torch.Tensor) -> None:
+def check_lookup_args(n: int, tokens: Sequence[int] | torch.Tensor) -> None:
     check_positive_int(n, "n")
     if len(tokens) == 0:
         raise ValueError("tokens must hold at least one token")
@@ -33,7 +33,7 @@ def find_match(tokens: Sequence[int], n: int) -> int:
     "Earlier" means starting before len(tokens) - n, where the suffix itself starts; the
     occurrence may overlap the suffix. At least one token follows any match.
     """
-    _check_lookup(n, tokens)
+    check_lookup_args(n, tokens)
     ### BEGIN SOLUTION
     suffix = list(tokens[len(tokens) - n :])
     for start in range(len(tokens) - n - 1, -1, -1):  # latest first; empty when n >= len(tokens)
@@ -62,7 +62,7 @@ def propose_ngram(tokens: Sequence[int], gamma: int, n_max: int = 3, n_min: int 
 def find_match_vectorised(tokens: torch.Tensor, n: int) -> int:
     """find_match on a (L,) tensor with no Python loop over positions."""
     check_tensor(tokens, "tokens", 1, floating=False)
-    _check_lookup(n, tokens)
+    check_lookup_args(n, tokens)
     ### BEGIN SOLUTION
     if n >= tokens.shape[0]:
         return -1
@@ -72,7 +72,7 @@ def find_match_vectorised(tokens: torch.Tensor, n: int) -> int:
     ### END SOLUTION
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def lookup_generate(target: Llama, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                     generator: torch.Generator | None = None, n_max: int = 3, n_min: int = 1) -> list[int]:
     """Speculative decoding with prompt-lookup proposals: the target's output distribution

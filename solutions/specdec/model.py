@@ -120,19 +120,20 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.write(layer, k, v)  # (B, KV, L, hd): cached + new
-        groups = c.n_heads // c.n_kv_heads
-        k = k.repeat_interleave(groups, dim=1)  # (B, H, L, hd)
-        v = v.repeat_interleave(groups, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)  # (B, H, T, L)
+        # Grouped-query attention without copying K and V: the `groups` query heads that share
+        # a KV head are stacked along the query axis, (B, KV, groups * T, hd).
+        groups, L = c.n_heads // c.n_kv_heads, k.shape[2]
+        q = q.reshape(B, c.n_kv_heads, groups * T, c.head_dim)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)  # (B, KV, groups * T, L)
         if mask is None and T > 1:  # causal over the new positions, everything cached is visible
-            L = k.shape[2]
             mask = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
         if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, H, T, hd)
+            scores = scores.view(B, c.n_kv_heads, groups, T, L).masked_fill(~mask, float("-inf")).view_as(scores)
+        out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, KV, groups * T, hd)
         # (Written out rather than F.scaled_dot_product_attention: its CPU kernel is slow for
         # one or a few query positions, the decode case.)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+        out = out.view(B, c.n_heads, T, c.head_dim).transpose(1, 2)  # (B, T, H, hd)
+        return self.o_proj(out.reshape(B, T, c.n_heads * c.head_dim))
 
 
 class MLP(nn.Module):
@@ -185,11 +186,13 @@ class Llama(nn.Module):
         True where a new position may attend (L = cached + T), default causal."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
-        if position_ids is None:
-            position_ids = torch.arange(start, start + T, device=tokens.device)
-        if int(position_ids.max()) >= self.config.max_seq_len:
-            raise ValueError(f"position {int(position_ids.max())} is beyond max_seq_len {self.config.max_seq_len}")
-        cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # (T, hd)
+        last = start + T - 1 if position_ids is None else int(position_ids.max())
+        if last >= self.config.max_seq_len:
+            raise ValueError(f"position {last} is beyond max_seq_len {self.config.max_seq_len}")
+        if position_ids is None:  # consecutive positions: a slice, no gather
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, hd)
+        else:
+            cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]
         x = self.embed_tokens(tokens)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, cache, mask)
