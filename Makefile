@@ -26,7 +26,7 @@ help:
 # The environment: created once, reinstalled only when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[test]"
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[hf,test]"
 	@touch $(STAMP)
 
 setup: $(STAMP)

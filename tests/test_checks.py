@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import chain, greedy, ledger, rejection
+from specdec import chain, engine, greedy, ledger, lookup, rejection
 from specdec.checks import CheckFailure, expect_close, expect_equal
 from specdec.checks import chain as chain_checks
+from specdec.checks import engine as engine_checks
 from specdec.checks import greedy as greedy_checks
 from specdec.checks import ledger as ledger_checks
+from specdec.checks import lookup as lookup_checks
 from specdec.checks import rejection as rejection_checks
 from specdec.mistakes import catalogue, for_exercise
 
@@ -36,9 +38,20 @@ RUN_CHECK = {
     "best_gamma_measured": (chain.best_gamma_measured, chain_checks.check_best_gamma_measured),
     "verify_chain_batched": (chain.verify_chain_batched, chain_checks.check_verify_chain_batched),
     "speculative_round": (chain.speculative_round, chain_checks.check_speculative_round),
+    "target_only_generate": (engine.target_only_generate, engine_checks.check_target_only_generate),
+    "propose": (engine.propose, engine_checks.check_propose),
+    "rollback": (engine.rollback, engine_checks.check_rollback),
+    "speculative_generate": (engine.speculative_generate, engine_checks.check_speculative_generate),
+    "find_match": (lookup.find_match, lookup_checks.check_find_match),
+    "propose_ngram": (lookup.propose_ngram, lookup_checks.check_propose_ngram),
+    "find_match_vectorised": (lookup.find_match_vectorised, lookup_checks.check_find_match_vectorised),
+    "lookup_generate": (lookup.lookup_generate, lookup_checks.check_lookup_generate),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
-EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"}
+EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {
+    # notebooks 05-06: the checks replay recorded forwards and explain in their own words
+    "target_only_generate", "propose", "rollback", "speculative_generate", "propose_ngram", "find_match_vectorised",
+    "lookup_generate"}
 MISTAKES = catalogue()
 ID = lambda m: f"{m.exercise}-{m.name}"  # noqa: E731
 

@@ -11,7 +11,6 @@ from specdec.engine import SpeculativeEngine  # noqa: E402
 from specdec.hf import hf_generate, to_transformers  # noqa: E402
 from specdec.model import Llama, LlamaConfig  # noqa: E402
 from specdec.paths import DATA_DIR  # noqa: E402
-from specdec.train import load  # noqa: E402
 
 TARGET = LlamaConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=160, max_seq_len=128)
 DRAFT = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=128)
@@ -44,13 +43,17 @@ def test_greedy_and_assisted_generation_agree_with_our_engine(pair):
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="no shipped checkpoint")
 @torch.no_grad()
-def test_shipped_target_agrees_with_transformers():
+def test_shipped_checkpoints_agree_with_transformers():
+    """Logits, greedy output and assisted generation (the shipped draft as assistant)."""
     from specdec import corpus, tokenizer
+    from specdec.train import load_pair
 
-    target = load(SHIPPED)
-    hf = to_transformers(target)
+    target, draft = load_pair(SHIPPED.parent)
+    hf, hf_draft = to_transformers(target), to_transformers(draft)
     for prompt in (corpus.code_prompts(1)[0], corpus.math_prompts(1)[0]):
         ids = tokenizer.encode(prompt)
         ours, theirs = target(torch.tensor([ids])), hf(torch.tensor([ids])).logits
         assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4), (ours - theirs).abs().max()
-        assert hf_generate(hf, ids, 32) == SpeculativeEngine(target).generate_target_only(ids, 32).tokens
+        plain = SpeculativeEngine(target).generate_target_only(ids, 32).tokens
+        assert hf_generate(hf, ids, 32) == plain
+        assert hf_generate(hf, ids, 32, assistant_model=hf_draft) == plain

@@ -174,6 +174,9 @@ class RecordingModel:
     def __init__(self, model: Llama, keep_logits: bool = False) -> None:
         self.model, self.config, self.keep_logits, self.calls = model, model.config, keep_logits, []
 
+    def __getattr__(self, name: str):  # parameters(), eval(), ...: the wrapped model's
+        return getattr(self.model, name)
+
     def __call__(self, tokens: torch.Tensor, cache: KVCache | None = None, *args, **kwargs) -> torch.Tensor:
         before = cache.length if cache is not None else None
         start = time.perf_counter()

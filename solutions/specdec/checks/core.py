@@ -156,6 +156,22 @@ def count_torch_calls(fn: Callable, *args: Any) -> int:
     return Counter.calls
 
 
+def torch_function_names(fn: Callable, *args: Any) -> set[str]:
+    """Names of the torch functions and tensor methods fn calls (tolist, unbind for iteration, ...)."""
+    from torch.overrides import TorchFunctionMode
+
+    names: set[str] = set()
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn(*args)
+    return names
+
+
 def expect_no_loop_over(fn: Callable, label: str, small: tuple, large: tuple, what: str) -> None:
     """Fail if fn makes more torch calls on the larger input: a Python loop over ``what``."""
     few, many = count_torch_calls(fn, *small), count_torch_calls(fn, *large)

@@ -23,7 +23,7 @@ from specdec.greedy import greedy_verify
 from specdec.model import KVCache, Llama, LlamaConfig
 from specdec.paths import DATA_DIR
 
-_SAMPLING = (SamplingParams(1.0), SamplingParams(0.8, top_k=4))
+SAMPLING_PARAMS = (SamplingParams(1.0), SamplingParams(0.8, top_k=4, top_p=0.9))
 
 
 @cache
@@ -58,6 +58,20 @@ def _filled_cache(config: LlamaConfig, length: int) -> KVCache:
     return cache
 
 
+def expect_token_list(label: str, got, n_tokens: int) -> list[int]:
+    """The generate exercises return exactly n_tokens Python ints."""
+    if isinstance(got, torch.Tensor):
+        raise CheckFailure(f"{label}: return a list of Python ints, not a tensor (use .tolist()).")
+    if not isinstance(got, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in got):
+        shown = [type(t).__name__ for t in got[:3]] if isinstance(got, list) else type(got).__name__
+        raise CheckFailure(f"{label}: return a list of Python ints; got {shown}... Convert with int(...) or .tolist() "
+                           "(for example greedy_verify(...).tolist(), int(sample(...))).")
+    if len(got) != n_tokens:
+        raise CheckFailure(f"{label}: return exactly n_tokens = {n_tokens} new tokens (cut the surplus of the last "
+                           f"round), got {len(got)}.")
+    return got
+
+
 # -- target_only_generate --------------------------------------------------------------
 
 
@@ -67,7 +81,7 @@ def check_target_only_generate(fn: Callable) -> None:
     for what, target, _, prompt, n_tokens, _ in _greedy_cases():
         label = f"target_only_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, greedy)"
         rec = RecordingModel(target)
-        got = call(fn, label, rec, list(prompt), n_tokens, GREEDY, None)
+        got = expect_token_list(label, call(fn, label, rec, list(prompt), n_tokens, GREEDY, None), n_tokens)
         if any(c.cache is None for c in rec.calls):
             raise CheckFailure(f"{label}: the target was called without a KV cache. Prefill prompt[:-1] once, then feed "
                                "one token per step: each step then costs one position, not the whole sequence.")
@@ -141,7 +155,7 @@ def check_propose(fn: Callable) -> None:
     then the joint distribution of two sampled drafts by seeded Monte Carlo."""
     draft = tiny_pair()[1]
     context = [3, 1, 4, 1, 5, 9, 2, 6]
-    for params, n_pending, gamma in itertools.product((GREEDY, *_SAMPLING), (1, 2), (1, 3)):
+    for params, n_pending, gamma in itertools.product((GREEDY, *SAMPLING_PARAMS), (1, 2), (1, 3)):
         label = f"propose(gamma={gamma}, pending={context[-n_pending:]}, params={params}) after {context[:-n_pending]}"
         cache = KVCache(draft.config)
         draft(torch.tensor([context[:-n_pending]]), cache)
@@ -231,12 +245,12 @@ def _check_greedy(fn: Callable) -> None:
     for what, target, draft, prompt, n_tokens, gamma in _greedy_cases():
         label = f"speculative_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, gamma={gamma}, greedy)"
         t_rec, d_rec = RecordingModel(target, keep_logits=True), RecordingModel(draft)
-        got = call(fn, label, t_rec, d_rec, list(prompt), n_tokens, gamma, GREEDY, None)
+        got = expect_token_list(label, call(fn, label, t_rec, d_rec, list(prompt), n_tokens, gamma, GREEDY, None),
+                                n_tokens)
         _check_rounds(label, prompt, gamma, t_rec, d_rec)
         expected = engine.target_only_generate(target, prompt, n_tokens)
-        if not isinstance(got, list) or got != expected:
-            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))) \
-                if isinstance(got, list) else 0
+        if got != expected:
+            first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
             raise CheckFailure(f"{label}: expected target-only greedy's {n_tokens} tokens; yours differ from new token "
                                f"{first} on (expected {expected[first:first + 5]}..., got {str(got)[:80]}).")
 
@@ -269,8 +283,14 @@ def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingMod
             raise CheckFailure(f"{label}, round {i}: the target's first input should be the last committed token "
                                f"{sequence[-1]}, got {c.tokens[0]}.")
         working = sequence + c.tokens[1:]  # what the draft should have seen by now
-        for dc in d_rec.calls:
-            if previous < dc.order < c.order and working[dc.cache_len : dc.cache_len + len(dc.tokens)] != dc.tokens:
+        this_round = [dc for dc in d_rec.calls if previous < dc.order < c.order]
+        fed = sum(len(dc.tokens) for dc in this_round if not (i == 1 and dc.cache_len == 0))
+        if fed > gamma + 1:
+            raise CheckFailure(f"{label}, round {i}: the draft was fed {fed} tokens; a round needs at most gamma + 1 = "
+                               f"{gamma + 1} (two pending tokens and gamma - 1 drafts). Roll its cache back instead of "
+                               "refilling it.")
+        for dc in this_round:
+            if working[dc.cache_len : dc.cache_len + len(dc.tokens)] != dc.tokens:
                 raise CheckFailure(
                     f"{label}, round {i}: the draft was fed {dc.tokens} at cache position {dc.cache_len}, but the "
                     f"sequence there is {working[dc.cache_len : dc.cache_len + len(dc.tokens)]}. After a full "
@@ -282,7 +302,7 @@ def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingMod
 
 def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
-    params, prompt = _SAMPLING[1], [1, 2]
+    params, prompt = SAMPLING_PARAMS[1], [1, 2]
     with torch.no_grad():
         exact = {}
         for seq in itertools.product(range(6), repeat=3):
@@ -294,8 +314,7 @@ def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
     label = f"{name}(small random models, prompt={prompt}, n_tokens=3{', gamma=2' if gamma else ''}, params={params})"
     runs = []
     for _ in range(n):
-        got = call(fn, label, *models, prompt, 3, *gamma, params, g)
-        runs.append(tuple(got) if isinstance(got, list) else got)
+        runs.append(tuple(expect_token_list(label, call(fn, label, *models, prompt, 3, *gamma, params, g), 3)))
     compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the 3 tokens",
                         hint="Sample with the request's params: params.probs(logits) applies temperature and top-k."
                         + (" At temperature > 0 verify with verify_chain(params.probs(target logits), q, drafts, "

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import torch
 
 from specdec import lookup
-from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, upstream_note
-from specdec.checks.engine import shipped_pair, tiny_pair
+from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, torch_function_names, upstream_note
+from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, shipped_pair, tiny_pair
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import GREEDY, RecordingModel, SamplingParams, target_only_generate
+from specdec.engine import GREEDY, RecordingModel, target_only_generate
 from specdec.greedy import greedy_verify
 
 _SEED = 6
@@ -114,6 +114,11 @@ def check_find_match_vectorised(fn: Callable) -> None:
     # the only earlier match is at the very start, so a loop from either end must walk every position
     small, large = (torch.tensor([1, 2, 3, *range(10, 10 + m), 1, 2, 3]) for m in (10, 400))
     expect_no_loop_over(fn, "find_match_vectorised", (small, 3), (large, 3), "positions")
+    used = torch_function_names(fn, large, 3)
+    if used & {"tolist", "unbind", "numpy"}:
+        raise CheckFailure("find_match_vectorised: the tensor was turned into Python values "
+                           f"({', '.join(sorted(used & {'tolist', 'unbind', 'numpy'}))}), so the search is still a Python "
+                           "loop over positions. Compare all windows with tensor operations.")
 
 
 def check_lookup_generate(fn: Callable) -> None:
@@ -130,20 +135,23 @@ def check_lookup_generate(fn: Callable) -> None:
 
 def _lookup_cases():
     target, _ = tiny_pair()
-    for gamma, prompt in ((1, [1, 2, 3, 1, 2, 3, 1, 2]), (4, [5, 9, 5, 9, 5]), (3, [7])):
-        yield "small random model", target, prompt, 30, gamma
+    for gamma, prompt, n_max, n_min in ((1, [1, 2, 3, 1, 2, 3, 1, 2], 3, 1), (4, [5, 9, 5, 9, 5], 3, 1), (3, [7], 3, 1),
+                                        (3, [4, 4, 2, 4, 4, 2, 4, 1, 4], 2, 2)):
+        yield "small random model", target, prompt, 30, gamma, n_max, n_min
     target, _ = shipped_pair()
     from specdec import corpus, tokenizer
 
     for name, text in (("code", corpus.code_prompts(1)[0]), ("math", corpus.math_prompts(1)[0])):
-        yield f"shipped target, {name} prompt", target, tokenizer.encode(text), 40, 4
+        yield f"shipped target, {name} prompt", target, tokenizer.encode(text), 40, 4, 3, 1
 
 
 def _check_lookup_greedy(fn: Callable) -> None:
-    for what, target, prompt, n_tokens, gamma in _lookup_cases():
-        label = f"lookup_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, gamma={gamma}, greedy)"
+    for what, target, prompt, n_tokens, gamma, n_max, n_min in _lookup_cases():
+        label = (f"lookup_generate({what}, len(prompt)={len(prompt)}, n_tokens={n_tokens}, gamma={gamma}, greedy, "
+                 f"n_max={n_max}, n_min={n_min})")
         rec = RecordingModel(target, keep_logits=True)
-        got = call(fn, label, rec, list(prompt), n_tokens, gamma, GREEDY, None)
+        got = expect_token_list(label, call(fn, label, rec, list(prompt), n_tokens, gamma, GREEDY, None, n_max, n_min),
+                                n_tokens)
         if any(c.cache is None for c in rec.calls):
             raise CheckFailure(f"{label}: the target was called without its KV cache.")
         calls = rec.calls
@@ -153,7 +161,7 @@ def _check_lookup_greedy(fn: Callable) -> None:
             calls = calls[1:]
         sequence = list(prompt)
         for i, c in enumerate(calls, start=1):
-            proposal = lookup.propose_ngram(sequence, gamma)
+            proposal = lookup.propose_ngram(sequence, gamma, n_max, n_min)
             if c.cache_len != len(sequence) - 1:
                 raise CheckFailure(f"{label}, round {i}: with {len(sequence)} committed tokens the cache should hold "
                                    f"{len(sequence) - 1} entries when the target verifies, but it held {c.cache_len}. "
@@ -169,7 +177,7 @@ def _check_lookup_greedy(fn: Callable) -> None:
 
 def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
     target, _ = tiny_pair(vocab=6, noise=0.5, seed=3)
-    params, prompt = SamplingParams(0.8, top_k=4), [1, 2, 1, 2, 1]
+    params, prompt = SAMPLING_PARAMS[1], [1, 2, 1, 2, 1]
     with torch.no_grad():
         exact = {}
         for seq in itertools.product(range(6), repeat=3):
@@ -179,8 +187,7 @@ def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
     label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
     runs = []
     for _ in range(n):
-        got = call(fn, label, target, prompt, 3, 2, params, g)
-        runs.append(tuple(got) if isinstance(got, list) else got)
+        runs.append(tuple(expect_token_list(label, call(fn, label, target, prompt, 3, 2, params, g), 3)))
     compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the 3 tokens",
                         hint="A proposal is deterministic: verify with q one-hot at each draft (accept y with "
                              "probability p(y); on rejection sample from p with y removed).")

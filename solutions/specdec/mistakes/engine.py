@@ -87,6 +87,29 @@ def _plain(target, prompt, n_tokens, params=GREEDY, generator=None, *, use_cache
     return tokens[len(prompt):]
 
 
+@torch.inference_mode()
+def _draft_refilled(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=None):
+    """Right output, but the draft's cache is rebuilt from scratch every round (no rollback)."""
+    t_cache = KVCache(target.config)
+    tokens = list(prompt)
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), t_cache)
+    while len(tokens) - len(prompt) < n_tokens:
+        P = len(tokens)
+        d_cache = KVCache(draft.config)
+        if len(tokens) > 1:
+            draft(torch.tensor([tokens[:-1]]), d_cache)
+        drafts, q = propose(draft, d_cache, tokens[-1:], gamma, params, generator)
+        logits = target(torch.tensor([tokens[-1:] + drafts]), t_cache)[0]
+        if params.temperature == 0:
+            committed = greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        tokens += committed
+        t_cache.crop(P + len(committed) - 1)
+    return tokens[len(prompt) : len(prompt) + n_tokens]
+
+
 def _target_only(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=None):
     from specdec.engine import target_only_generate
 
@@ -128,6 +151,8 @@ MISTAKES = [
             "Roll both caches back after each round."),
     Mistake("speculative_generate", "no_draft_catch_up", lambda *a: _generate(*a, roll=_no_catch_up),
             "After a full acceptance the draft must catch up."),
+    Mistake("speculative_generate", "draft_refilled_every_round", _draft_refilled,
+            "Roll the draft's cache back; do not rebuild it each round."),
     Mistake("speculative_generate", "no_cache", lambda *a: _generate(*a, use_cache=False),
             "Use the target's KV cache: feed only the last committed token and the drafts."),
     Mistake("speculative_generate", "target_only", _target_only,

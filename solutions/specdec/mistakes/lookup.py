@@ -95,6 +95,8 @@ MISTAKES = [
             "When the n_max-gram has no match, try shorter ones down to n_min."),
     Mistake("find_match_vectorised", "python_loop", _vectorised_loop,
             "No Python loop over positions: compare all windows at once."),
+    Mistake("find_match_vectorised", "tolist_then_loop", lambda tokens, n: find_match(tokens.tolist(), n),
+            "Converting to a list and looping is still a loop over positions."),
     Mistake("find_match_vectorised", "includes_the_suffix", _vectorised_with_suffix,
             "Windows must start before the suffix: unfold tokens[:-1]."),
     Mistake("lookup_generate", "no_rollback", lambda *a: _generate(*a, crop=False),
