@@ -24,7 +24,7 @@ def test_bench_writes_results(models, tmp_path, capsys):
     assert main(args) == 0
     summary = json.loads((out / "bench.json").read_text())
     rows = summary["rows"]
-    assert {(r["task"], r["proposer"], r["gamma"]) for r in rows} == {(t, p, g) for t in ("code", "math") for p in ("draft", "lookup") for g in (1, 3)}
+    assert {(r["task"], r["proposer"], r["gamma"]) for r in rows} == {(t, p, g) for t in ("code", "math") for p in ("draft", "lookup") for g in (1, 3)} | {(t, "tree", 4) for t in ("code", "math")}
     assert all(r["identical"] and r["speedup"] > 0 and 0 <= r["acceptance"] <= 1 for r in rows)
     assert summary["peak_rss_mib"] > 0
     assert (out / "bench.csv").read_text().startswith("task,proposer,gamma")

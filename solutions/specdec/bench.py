@@ -3,9 +3,10 @@
 ``python -m specdec.bench`` (``make bench``) measures, per task (code, math), per draft
 length gamma and per proposer, batch 1:
 
-- ``draft``: this course's engine with the shipped draft model, and ``lookup``: the same
-  engine with prompt-lookup (n-gram) proposals; greedy outputs are checked equal to
-  target-only decoding;
+- ``draft``: this course's engine with the shipped draft model, ``lookup``: the same
+  engine with prompt-lookup (n-gram) proposals, and ``tree``: a 12-node tree of the
+  draft's top candidates (depth 4) verified in one masked forward; greedy outputs are
+  checked equal to target-only decoding;
 - ``hf-assisted`` and ``hf-prompt-lookup`` (with ``--hf``): Hugging Face transformers'
   assisted generation and prompt lookup on the same weights, next to transformers'
   own target-only decoding, outputs checked against ours.
@@ -39,6 +40,7 @@ from specdec.ledger import expected_tokens_per_round, speedup
 from specdec.model import KVCache, Llama
 from specdec.paths import DATA_DIR
 from specdec.train import load_pair
+from specdec.tree import DEFAULT_CHOICES, flatten_tree
 
 
 def step_time(model: Llama, context: int = 64, tokens: int = 1, repeats: int = 30) -> float:
@@ -109,7 +111,7 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
         hf[1].generation_config.num_assistant_tokens_schedule = "constant"
         hf[1].generation_config.assistant_confidence_threshold = 0.0
     rows = []
-    total = len(prompts) * n_prompts * (1 + 2 * len(gammas) + (1 + 2 * len(gammas) if hf else 0))
+    total = len(prompts) * n_prompts * (2 + 2 * len(gammas) + (1 + 2 * len(gammas) if hf else 0))
     bar = tqdm(total=total, desc="bench", unit="prompt")
     for task, texts in prompts.items():
         encoded = [tokenizer.encode(t) for t in texts]
@@ -120,8 +122,11 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
             base_s += s
             base_prefill += gen.prefill_s
             bar.update()
-        for proposer, generate, c in (("draft", engine.generate, costs["c"]), ("lookup", engine.generate_lookup, 1e-9)):
-            for gamma in gammas:
+        tree = lambda ids, n, gamma: engine.generate_tree(ids, n)  # noqa: E731 (one fixed tree, depth 4)
+        for proposer, generate, c, sweep in (("draft", engine.generate, costs["c"], gammas),
+                                             ("lookup", engine.generate_lookup, 1e-9, gammas),
+                                             ("tree", tree, costs["c"], [max(flatten_tree(DEFAULT_CHOICES).depths)])):
+            for gamma in sweep:
                 seconds = accepted = proposed = rounds = prefill = 0
                 split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
                 identical = True
@@ -138,7 +143,7 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
                     split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
                     bar.update()
                 rows.append(_row(task, proposer, gamma, accepted, proposed, rounds, n_tokens * len(encoded), seconds,
-                                 base_s, c, costs["verify_ratio"][gamma], identical, split,
+                                 base_s, c, costs["verify_ratio"].get(gamma, 1.0), identical, split,
                                  (base_s - base_prefill) / (seconds - prefill)))
                 tqdm.write(json.dumps(rows[-1]))
         if hf:
@@ -176,7 +181,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
     for ax, task in zip(axes, ("code", "math")):
-        for proposer, style in (("draft", "o-"), ("lookup", "^-"), ("hf-assisted", "s:"), ("hf-prompt-lookup", "^:")):
+        for proposer, style in (("draft", "o-"), ("lookup", "^-"), ("tree", "*"), ("hf-assisted", "s:"),
+                                ("hf-prompt-lookup", "^:")):
             mine = [r for r in rows if r["task"] == task and r["proposer"] == proposer]
             if mine:
                 ax.plot([r["gamma"] for r in mine], [r["speedup"] for r in mine], style, label=f"{proposer} (measured)")

@@ -267,13 +267,35 @@ class SpeculativeEngine:
         start = time.perf_counter()
         tokens = lookup_generate(target, prompt, n_tokens, gamma, params, generator, n_max, n_min)
         wall = time.perf_counter() - start
-        calls = target.calls[1:] if len(prompt) > 1 else target.calls
+        return self._generation(tokens, target, None, len(prompt) > 1, wall)
+
+    def generate_tree(self, prompt: list[int], n_tokens: int, choices=None, params: SamplingParams = GREEDY,
+                      generator: torch.Generator | None = None) -> Generation:
+        """Speculative decoding with a tree of draft candidates (notebook 07); ``proposed``
+        per round is the tree's depth, the most one round can accept."""
+        from specdec.tree import DEFAULT_CHOICES, flatten_tree, tree_generate
+
+        choices = choices or DEFAULT_CHOICES
+        target, draft = RecordingModel(self.target), RecordingModel(self.draft)
+        start = time.perf_counter()
+        tokens = tree_generate(target, draft, prompt, n_tokens, choices, params, generator)
+        wall = time.perf_counter() - start
+        return self._generation(tokens, target, draft, len(prompt) > 1, wall, max(flatten_tree(choices).depths))
+
+    @staticmethod
+    def _generation(tokens: list[int], target: RecordingModel, draft: RecordingModel | None, prefilled: bool,
+                    wall: float, depth: int | None = None) -> Generation:
+        """Per-round statistics from the target's recorded verification forwards (one per round)."""
+        calls = target.calls[1:] if prefilled else target.calls
+        prefill = target.calls[0].seconds + (draft.calls[0].seconds if draft else 0.0) if prefilled else 0.0
+        draft_s = sum(c.seconds for c in draft.calls) - (draft.calls[0].seconds if prefilled else 0.0) if draft else 0.0
         rounds = []
         for i, call in enumerate(calls):
             after = calls[i + 1].cache_len if i + 1 < len(calls) else call.cache.length
             accepted = after - call.cache_len - 1
-            rounds.append(RoundStats(len(call.tokens) - 1, accepted, accepted + 1, 0.0, call.seconds, after, 0))
-        return Generation(tokens, rounds, wall, target.calls[0].seconds if len(prompt) > 1 else 0.0)
+            proposed = depth if depth is not None else len(call.tokens) - 1
+            rounds.append(RoundStats(proposed, accepted, accepted + 1, draft_s / len(calls), call.seconds, after, 0))
+        return Generation(tokens, rounds, wall, prefill)
 
     def generate(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                  generator: torch.Generator | None = None) -> Generation:
