@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import chain, engine, greedy, ledger, lookup, rejection
+from specdec import chain, engine, greedy, ledger, lookup, rejection, tree
 from specdec.checks import CheckFailure, expect_close, expect_equal
 from specdec.checks import chain as chain_checks
 from specdec.checks import engine as engine_checks
@@ -12,6 +12,7 @@ from specdec.checks import greedy as greedy_checks
 from specdec.checks import ledger as ledger_checks
 from specdec.checks import lookup as lookup_checks
 from specdec.checks import rejection as rejection_checks
+from specdec.checks import tree as tree_checks
 from specdec.mistakes import catalogue, for_exercise
 
 # exercise (function name) -> (reference, how to run its check on one implementation)
@@ -46,12 +47,18 @@ RUN_CHECK = {
     "propose_ngram": (lookup.propose_ngram, lookup_checks.check_propose_ngram),
     "find_match_vectorised": (lookup.find_match_vectorised, lookup_checks.check_find_match_vectorised),
     "lookup_generate": (lookup.lookup_generate, lookup_checks.check_lookup_generate),
+    "flatten_tree": (tree.flatten_tree, tree_checks.check_flatten_tree),
+    "tree_mask": (tree.tree_mask, tree_checks.check_tree_mask),
+    "tree_position_ids": (tree.tree_position_ids, tree_checks.check_tree_position_ids),
+    "verify_tree_greedy": (tree.verify_tree_greedy, tree_checks.check_verify_tree_greedy),
+    "verify_tree_sampling": (tree.verify_tree_sampling, tree_checks.check_verify_tree_sampling),
+    "compact_cache": (tree.compact_cache, tree_checks.check_compact_cache),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {
     # notebooks 05-06: the checks replay recorded forwards and explain in their own words
     "target_only_generate", "propose", "rollback", "speculative_generate", "propose_ngram", "find_match_vectorised",
-    "lookup_generate"}
+    "lookup_generate", "verify_tree_sampling", "compact_cache"}
 MISTAKES = catalogue()
 ID = lambda m: f"{m.exercise}-{m.name}"  # noqa: E731
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.checks.engine import tiny_pair
+from specdec.checks.tree import walk_distribution
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import SamplingParams, target_only_generate
 from specdec.model import KVCache
@@ -86,21 +87,6 @@ def test_greedy_tree_verification_takes_the_longest_agreeing_path():
     assert verify_tree_greedy(tokens, tree.parents, logits) == ([0], [3])
 
 
-def _walk_distribution(tokens, tree, p, node=0):
-    """Exact distribution of the committed tuple: x ~ p[node]; if x is a child's token, continue there."""
-    out = {}
-    children = {int(tokens[c]): c for c in tree.children(node)}
-    for x, px in enumerate(p[node].tolist()):
-        if px == 0:
-            continue
-        if x in children:
-            for rest, pr in _walk_distribution(tokens, tree, p, children[x]).items():
-                out[(x, *rest)] = out.get((x, *rest), 0.0) + px * pr
-        else:
-            out[(x,)] = out.get((x,), 0.0) + px
-    return out
-
-
 def test_sampling_tree_verification_is_exact():
     """Trying children in order under the renormalised residual commits exactly what walking the
     tree with the target's own samples would (5 sigma per outcome, 20,000 seeded runs)."""
@@ -108,7 +94,7 @@ def test_sampling_tree_verification_is_exact():
     g = torch.Generator().manual_seed(7)
     p = torch.softmax(torch.randn(len(tree), 4, generator=g, dtype=torch.float64), -1)
     tokens = torch.tensor([0, 2, 0, 3, 1, 2, 1, 0])  # children of each node carry distinct tokens
-    exact = _walk_distribution(tokens, tree, p)
+    exact = walk_distribution(tokens, tree, p)
     assert abs(sum(exact.values()) - 1) < 1e-12
     runs = [tuple(verify_tree_sampling(tokens, tree, p, g)[1]) for _ in range(20_000)]
     compare_frequencies(runs, exact, "verify_tree_sampling")

@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from specdec.greedy import round_shapes
+from specdec.tree import tree_mask
 
 
 def draw_round(history: list[int], draft: list[int], k: int) -> Figure:
@@ -68,5 +69,35 @@ def bars(named: dict[str, torch.Tensor], title: str = "") -> Figure:
     ax.set_ylabel("probability")
     ax.set_title(title)
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def draw_tree(parents: tuple[int, ...] | list[int], labels: list[str] | None = None,
+              highlight: list[int] | None = None) -> Figure:
+    """A candidate tree (root on top, one row per depth) next to its attention mask."""
+    n = len(parents)
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    rows: dict[int, list[int]] = {}
+    for i in range(n):
+        rows.setdefault(depth[i], []).append(i)
+    x = {i: (k + 1) / (len(nodes) + 1) for nodes in rows.values() for k, i in enumerate(nodes)}
+    fig, (ax, mx) = plt.subplots(1, 2, figsize=(10, 3.4), gridspec_kw={"width_ratios": [1.4, 1]})
+    for i in range(1, n):
+        ax.plot([x[parents[i]], x[i]], [-depth[parents[i]], -depth[i]], color="gray", lw=1, zorder=1)
+    for i in range(n):
+        on = highlight is not None and i in highlight
+        ax.scatter(x[i], -depth[i], s=620, color="tab:green" if on else "white", edgecolor="black", zorder=2)
+        ax.text(x[i], -depth[i], labels[i] if labels else str(i), ha="center", va="center", fontsize=8, zorder=3)
+    ax.set_axis_off()
+    ax.set_title("nodes (root = last committed token)")
+    mx.imshow(tree_mask(list(parents)).numpy(), cmap="Greens", vmin=0, vmax=1.3)
+    mx.set_xticks(range(n))
+    mx.set_yticks(range(n))
+    mx.set_xlabel("key node j")
+    mx.set_ylabel("query node i")
+    mx.set_title("tree mask: i sees j")
     fig.tight_layout()
     return fig

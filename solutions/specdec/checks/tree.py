@@ -1,0 +1,172 @@
+"""Hidden-test checks for notebook 07 (tree attention and tree verification)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from specdec import tree as ref
+from specdec.checks.core import CheckFailure, call, diagnose, same
+from specdec.checks.stats import compare_frequencies
+from specdec.mistakes import for_exercise
+from specdec.model import KVCache, LlamaConfig
+
+_SEED = 7
+
+#: (description, choices): hand-drawn trees of every shape the exercises meet.
+TREES = [
+    ("the notebook's tree", [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
+    ("a chain", [(0,), (0, 0), (0, 0, 0)]),
+    ("a star", [(0,), (1,), (2,), (3,)]),
+    ("choices in shuffled order, with a repeat", [(1, 0), (0,), (0, 0, 1), (1,), (0, 0), (0,)]),
+    ("the default tree", ref.DEFAULT_CHOICES),
+    ("a single candidate", [(0,)]),
+]
+
+
+def _fields(got) -> tuple | None:
+    try:
+        return tuple(tuple(int(x) for x in getattr(got, name)) for name in ("parents", "depths", "ranks"))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def check_flatten_tree(fn: Callable) -> None:
+    for desc, choices in TREES:
+        label = f"flatten_tree({desc}: {list(choices)})"
+        got = call(fn, label, list(choices))
+        expected = ref.flatten_tree(choices)
+        if _fields(got) != _fields(expected):
+            hint = diagnose(for_exercise("flatten_tree"), [((list(choices),), got)]) if _fields(got) else ""
+            raise CheckFailure(f"{label}: expected parents={expected.parents}, depths={expected.depths}, "
+                               f"ranks={expected.ranks}; got {got!r}. Nodes go root first, then by depth, then by "
+                               f"path.{hint}")
+
+
+def check_tree_mask(fn: Callable) -> None:
+    for desc, choices in TREES:
+        parents = ref.flatten_tree(choices).parents
+        label = f"tree_mask(parents={list(parents)}) for {desc}"
+        got = call(fn, label, list(parents))
+        expected = ref.tree_mask(parents)
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or got.shape != expected.shape:
+            raise CheckFailure(f"{label}: return a bool tensor of shape {tuple(expected.shape)}, got {got!r}")
+        if not torch.equal(got, expected):
+            i, j = (got != expected).nonzero()[0].tolist()
+            raise CheckFailure(
+                f"{label}: mask[{i}, {j}] should be {bool(expected[i, j])}: node {j} is "
+                f"{'' if expected[i, j] else 'not '}node {i} or one of its ancestors."
+                + diagnose(for_exercise("tree_mask"), [((list(parents),), got)]))
+
+
+def check_tree_position_ids(fn: Callable) -> None:
+    for desc, choices in TREES:
+        depths = ref.flatten_tree(choices).depths
+        for cache_len in (0, 17):
+            label = f"tree_position_ids(cache_len={cache_len}, depths={list(depths)}) for {desc}"
+            got = call(fn, label, cache_len, list(depths))
+            expected = ref.tree_position_ids(cache_len, depths)
+            if not isinstance(got, torch.Tensor) or not same(got, expected):
+                raise CheckFailure(f"{label}: expected {expected.tolist()}, got {got!r}."
+                                   + diagnose(for_exercise("tree_position_ids"), [((cache_len, list(depths)), got)]))
+
+
+def _greedy_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
+    """(description, tokens, parents, logits) where the target agrees along random paths."""
+    rng, g = random.Random(_SEED), torch.Generator().manual_seed(_SEED)
+    cases = []
+    for k in range(n):
+        desc, choices = TREES[k % len(TREES)]
+        tree = ref.flatten_tree(choices)
+        V = rng.choice([4, 8, 50])
+        logits = torch.randn(len(tree), V, generator=g)
+        best = logits.argmax(-1)
+        tokens = torch.randint(0, V, (len(tree),), generator=g)
+        for i in range(1, len(tree)):
+            if rng.random() < 0.6:  # this node agrees with the target at its parent
+                tokens[i] = best[tree.parents[i]]
+        cases.append((f"{desc}, case {k}", tokens, tree.parents, logits))
+    return cases
+
+
+def check_verify_tree_greedy(fn: Callable) -> None:
+    for desc, tokens, parents, logits in _greedy_cases(60):
+        label = (f"verify_tree_greedy({desc}: tokens={tokens.tolist()}, parents={list(parents)}, "
+                 f"target argmax per node={logits.argmax(-1).tolist()})")
+        got = call(fn, label, tokens.clone(), list(parents), logits.clone())
+        expected = ref.verify_tree_greedy(tokens, parents, logits)
+        if not (isinstance(got, tuple) and len(got) == 2) or (list(got[0]), list(got[1])) != (list(expected[0]), list(expected[1])):
+            raise CheckFailure(f"{label}: expected (path, committed) = {expected}, got {got!r}. The path is the "
+                               "longest one whose every token is the target's argmax at its parent; on a tie the "
+                               "earliest node wins." + diagnose(for_exercise("verify_tree_greedy"),
+                                                               [((tokens, list(parents), logits), got)]))
+
+
+def _sampling_scenarios():
+    g = torch.Generator().manual_seed(_SEED)
+    tree = ref.flatten_tree(TREES[0][1])
+    p = torch.softmax(torch.randn(len(tree), 4, generator=g, dtype=torch.float64), -1)
+    yield "the notebook's tree, V=4", tree, torch.tensor([0, 2, 0, 3, 1, 2, 1, 0]), p
+    star = ref.flatten_tree(TREES[2][1])
+    p = torch.softmax(torch.randn(len(star), 5, generator=g, dtype=torch.float64), -1)
+    p[0] = torch.tensor([0.1, 0.0, 0.5, 0.3, 0.1], dtype=torch.float64)  # the first child's token is impossible
+    yield "a star whose first child has probability 0, V=5", star, torch.tensor([9, 1, 2, 3, 4]) % 5, p
+
+
+def walk_distribution(tokens: torch.Tensor, tree: ref.Tree, p: torch.Tensor, node: int = 0) -> dict[tuple, float]:
+    """Exact distribution of the committed tuple: x ~ p[node], continuing at the child whose token is x."""
+    out: dict[tuple, float] = {}
+    children = {int(tokens[c]): c for c in tree.children(node)}
+    for x, px in enumerate(p[node].tolist()):
+        if px == 0:
+            continue
+        if x in children:
+            for rest, pr in walk_distribution(tokens, tree, p, children[x]).items():
+                out[(x, *rest)] = out.get((x, *rest), 0.0) + px * pr
+        else:
+            out[(x,)] = out.get((x,), 0.0) + px
+    return out
+
+
+def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
+    """Seeded Monte Carlo of the committed tuple against the exact walk distribution."""
+    for desc, tree, tokens, p in _sampling_scenarios():
+        label = f"verify_tree_sampling({desc}: tokens={tokens.tolist()}, parents={list(tree.parents)})"
+        g = torch.Generator().manual_seed(_SEED)
+        runs = []
+        for _ in range(n):
+            got = call(fn, label, tokens, tree, p, g)
+            if not (isinstance(got, tuple) and len(got) == 2):
+                raise CheckFailure(f"{label}: return (path, committed), got {got!r}")
+            runs.append(tuple(int(t) for t in got[1]))
+        compare_frequencies(runs, walk_distribution(tokens, tree, p), f"{label}, {n} seeded runs",
+                            hint="Try the children in order; accept child x with probability r(x) / sum(r); after a "
+                                 "rejection set r(x) = 0 (renormalising implicitly); if none is accepted, sample from r.")
+
+
+def check_compact_cache(fn: Callable) -> None:
+    config = LlamaConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=16, max_seq_len=40)
+    g = torch.Generator().manual_seed(_SEED)
+    for start, path, written in ((5, [0, 1, 4, 7], 8), (3, [0], 6), (9, [0, 2, 6], 12), (0, [0, 3], 4)):
+        label = f"compact_cache(start={start}, path={path}) after a tree of {written} nodes was written at slot {start}"
+        cache = KVCache(config)
+        cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+        cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+        cache.advance(start + written)
+        want = KVCache(config)
+        want.k.copy_(cache.k)
+        want.v.copy_(cache.v)
+        want.advance(start + written)
+        ref.compact_cache(want, start, path)
+        call(fn, label, cache, start, list(path))
+        if cache.length != want.length:
+            raise CheckFailure(f"{label}: the cache should end with length start + len(path) = {want.length}, got "
+                               f"{cache.length}: crop after moving the entries.")
+        n = want.length
+        if not (torch.equal(cache.k[..., :n, :], want.k[..., :n, :]) and torch.equal(cache.v[..., :n, :], want.v[..., :n, :])):
+            bad = [s for s in range(n) if not torch.equal(cache.k[..., s, :], want.k[..., s, :])]
+            raise CheckFailure(f"{label}: slot {bad[0]} should hold the KV of tree node {path[bad[0] - start]} (written "
+                               f"at slot {start + path[bad[0] - start]}), for both K and V and every layer. Node i of the "
+                               "tree sits at slot start + i.")

@@ -1,0 +1,114 @@
+"""Known-wrong answers to the exercises of notebook 07 (trees)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.mistakes import Mistake
+from specdec.sampling import sample
+from specdec.tree import Tree, check_choices, retrieve_indices, tree_mask
+
+
+def _flatten_depth_first(choices):
+    paths = sorted(check_choices(choices))  # lexicographic: depth-first
+    index, parents, depths, ranks = {(): 0}, [-1], [0], [0]
+    for path in paths:
+        index[path] = len(parents)
+        parents.append(index[path[:-1]])
+        depths.append(len(path))
+        ranks.append(path[-1])
+    return Tree(tuple(parents), tuple(depths), tuple(ranks))
+
+
+def _mask_by_depth(parents):
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    d = torch.tensor(depth)
+    return (d[None, :] < d[:, None]) | torch.eye(len(parents), dtype=torch.bool)  # siblings' subtrees leak in
+
+
+def _mask_parent_only(parents):
+    mask = torch.eye(len(parents), dtype=torch.bool)
+    for i in range(1, len(parents)):
+        mask[i, parents[i]] = True
+    return mask
+
+
+def _causal_mask(parents):
+    return torch.ones(len(parents), len(parents), dtype=torch.bool).tril()
+
+
+def _greedy(tokens, parents, logits, *, first_path=False, no_bonus=False):
+    best = logits.argmax(-1).tolist()
+    tokens = tokens.tolist()
+    results = []
+    for row in retrieve_indices(parents).tolist():
+        path = [0]
+        for node in row[1:]:
+            if node < 0 or tokens[node] != best[path[-1]]:
+                break
+            path.append(node)
+        results.append(path)
+    path = results[0] if first_path else max(results, key=lambda p: (len(p), -p[-1]))
+    committed = [tokens[i] for i in path[1:]]
+    return path, committed if no_bonus else committed + [best[path[-1]]]
+
+
+def _sampling(tokens, tree, p, generator=None, *, remove=True, renormalise=True):
+    tokens = tokens.tolist()
+    node, path, committed = 0, [0], []
+    while True:
+        residual = p[node].to(torch.float64).clone()
+        for child in tree.children(node):
+            y = tokens[child]
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            total = float(residual.sum()) if renormalise else 1.0
+            if u * total < float(residual[y]):
+                node = child
+                break
+            if remove:
+                residual[y] = 0.0
+        else:
+            committed.append(int(sample(residual / residual.sum(), generator)))
+            return path, committed
+        path.append(node)
+        committed.append(tokens[node])
+
+
+def _compact(cache, start, path, *, offset=True, crop=True, contiguous=False):
+    index = torch.tensor([(start if offset else 0) + node for node in path])
+    if contiguous:
+        index = torch.arange(start, start + len(path))
+    cache.k[:, :, :, start : start + len(path)] = cache.k[:, :, :, index]
+    cache.v[:, :, :, start : start + len(path)] = cache.v[:, :, :, index]
+    if crop:
+        cache.crop(start + len(path))
+
+
+MISTAKES = [
+    Mistake("flatten_tree", "depth_first_order", _flatten_depth_first,
+            "Order the nodes by depth first, then by path (breadth-first), not lexicographically."),
+    Mistake("tree_mask", "siblings_see_each_other", _mask_by_depth,
+            "A node sees only its own ancestors, not every shallower node."),
+    Mistake("tree_mask", "parent_only", _mask_parent_only,
+            "A node sees all its ancestors up to the root, not just its parent."),
+    Mistake("tree_mask", "causal_mask", _causal_mask,
+            "A causal mask is for a chain; in a tree, earlier nodes on other branches must stay hidden."),
+    Mistake("tree_position_ids", "position_by_node_index", lambda cache_len, depths: cache_len + torch.arange(len(depths)),
+            "A node's position is cache_len + its depth: siblings share a position."),
+    Mistake("verify_tree_greedy", "first_path", lambda *a: _greedy(*a, first_path=True),
+            "Keep the longest agreeing path, not the first one."),
+    Mistake("verify_tree_greedy", "no_bonus", lambda *a: _greedy(*a, no_bonus=True),
+            "Commit the target's argmax at the last accepted node too."),
+    Mistake("verify_tree_sampling", "rejected_child_not_removed", lambda *a: _sampling(*a, remove=False),
+            "After rejecting a child, remove its token from the residual."),
+    Mistake("verify_tree_sampling", "not_renormalised", lambda *a: _sampling(*a, renormalise=False),
+            "Accept with probability r(x) / sum(r): the residual shrinks as children are rejected."),
+    Mistake("compact_cache", "path_without_offset", lambda *a: _compact(*a, offset=False),
+            "Node i sits at slot start + i."),
+    Mistake("compact_cache", "keeps_the_first_nodes", lambda *a: _compact(*a, contiguous=True),
+            "Move the accepted path's entries, not the first len(path) nodes."),
+    Mistake("compact_cache", "no_crop", lambda *a: _compact(*a, crop=False),
+            "Crop the cache to start + len(path)."),
+]
