@@ -2,12 +2,10 @@
 per-path forwards; greedy and sampling tree verification; KV compaction; tree decoding
 equals target-only decoding."""
 
-import itertools
-
 import pytest
 import torch
 
-from specdec.checks.engine import tiny_pair
+from specdec.checks.engine import target_joint, tiny_pair
 from specdec.checks.tree import walk_distribution
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import SamplingParams, target_only_generate
@@ -137,11 +135,7 @@ def test_tree_sampling_is_exact():
     """The first 3 tokens of tree decoding at temperature 0.8 / top-k 4 follow the target's joint."""
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SamplingParams(0.8, top_k=4), [1, 2]
-    exact = {}
-    with torch.no_grad():
-        for seq in itertools.product(range(6), repeat=3):
-            probs = params.probs(target(torch.tensor([prompt + list(seq[:2])]))[0, -3:])
-            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    exact = target_joint(target, prompt, params)
     g = torch.Generator().manual_seed(0)
     runs = [tuple(tree_generate(target, draft, prompt, 3, CHOICES, params, g)) for _ in range(1500)]
     compare_frequencies(runs, exact, "tree_generate, first 3 tokens")

@@ -300,14 +300,20 @@ def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingMod
         sequence += greedy_verify(torch.tensor(c.tokens[1:]), c.logits).tolist()
 
 
+@torch.no_grad()
+def target_joint(target: Llama, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int, int], float]:
+    """The exact probability of every 3-token continuation under the target, by enumeration."""
+    exact = {}
+    for seq in itertools.product(range(target.config.vocab_size), repeat=3):
+        probs = params.probs(target(torch.tensor([prompt + list(seq[:2])]))[0, -3:])  # (3, V)
+        exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    return exact
+
+
 def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2]
-    with torch.no_grad():
-        exact = {}
-        for seq in itertools.product(range(6), repeat=3):
-            probs = params.probs(target(torch.tensor([prompt + list(seq[:2])]))[0, -3:])
-            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    exact = target_joint(target, prompt, params)
     g = torch.Generator().manual_seed(0)
     models = (target,) if name == "target_only_generate" else (target, draft)
     gamma = () if name == "target_only_generate" else (2,)

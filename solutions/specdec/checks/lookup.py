@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Callable
 
@@ -10,7 +9,7 @@ import torch
 
 from specdec import lookup
 from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, torch_function_names, upstream_note
-from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, shipped_pair, tiny_pair
+from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, shipped_pair, target_joint, tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import GREEDY, RecordingModel, target_only_generate
 from specdec.greedy import greedy_verify
@@ -178,11 +177,7 @@ def _check_lookup_greedy(fn: Callable) -> None:
 def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
     target, _ = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2, 1, 2, 1]
-    with torch.no_grad():
-        exact = {}
-        for seq in itertools.product(range(6), repeat=3):
-            probs = params.probs(target(torch.tensor([prompt + list(seq[:2])]))[0, -3:])
-            exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
+    exact = target_joint(target, prompt, params)
     g = torch.Generator().manual_seed(0)
     label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
     runs = []
