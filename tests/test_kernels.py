@@ -61,3 +61,27 @@ def test_bad_input_is_refused():
         verify_chain_fused(p.double(), q.double(), draft, u, e, greedy)
     with pytest.raises(ValueError, match="shapes"):
         verify_chain_fused(p, q, draft, u[:, :1], e, greedy)
+
+
+@pytest.mark.parametrize("H, L, D, block", [(1, 0, 8, 4), (2, 17, 16, 8), (4, 40, 24, 16), (2, 130, 64, 64)])
+def test_tree_attention_kernel_equals_reference(H, L, D, block):
+    from specdec.kernels import tree_attention, tree_attention_reference
+    from specdec.tree import DEFAULT_CHOICES, flatten_tree, tree_mask
+
+    tree = flatten_tree(DEFAULT_CHOICES)
+    N = len(tree)
+    g = torch.Generator().manual_seed(H * 1000 + L)
+    q = torch.randn(H, N, D, generator=g)
+    k = 3 * torch.randn(H, L + N, D, generator=g)  # large scores: the running max matters
+    v = torch.randn(H, L + N, D, generator=g)
+    mask = tree_mask(tree.parents)
+    out = tree_attention(q, k, v, mask, block_k=block)
+    assert torch.allclose(out, tree_attention_reference(q, k, v, mask), atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the benchmark really runs")
+def test_kernel_benchmark_says_it_needs_a_gpu(capsys):
+    from specdec.bench_kernels import main
+
+    assert main([]) == 0
+    assert "No CUDA GPU" in capsys.readouterr().out

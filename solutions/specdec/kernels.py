@@ -120,3 +120,63 @@ def verify_chain_fused(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, u:
                                greedy.to(torch.int32).contiguous(), tokens, counts, V, GAMMA=gamma,
                                BLOCK_V=min(block_v, triton.next_power_of_2(V)))
     return tokens, counts
+
+
+def tree_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    """Attention of N tree nodes over L prefix keys and the N tree keys.
+
+    q (H, N, d); k, v (H, L + N, d): the prefix's keys first, then the tree's; tree_mask
+    (N, N) bool, True where node i may see node j. Every node sees the whole prefix.
+    Returns (H, N, d).
+    """
+    N, L = q.shape[1], k.shape[1] - q.shape[1]
+    visible = torch.cat([torch.ones(N, L, dtype=torch.bool, device=q.device), tree_mask], dim=1)  # (N, L + N)
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5  # (H, N, L + N)
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ v
+
+
+@triton.jit
+def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, N, L, D, scale,
+                           BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (head, node): an online softmax over blocks of keys."""
+    h, i = tl.program_id(0), tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(q_ptr + (h * N + i) * D + d, mask=d < D, other=0.0)  # (BLOCK_D,)
+    m = -float("inf")  # running max of the scores
+    l = 0.0  # running sum of exp(score - m)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)  # running sum of exp(score - m) * v
+    for start in range(0, L + N, BLOCK_K):
+        j = start + tl.arange(0, BLOCK_K)
+        in_k = j < L + N
+        tree_j = tl.maximum(j - L, 0)
+        sees = tl.load(mask_ptr + i * N + tree_j, mask=in_k & (j >= L), other=0) != 0
+        visible = in_k & ((j < L) | sees)
+        kv_offs = (h * (L + N) + j)[:, None] * D + d[None, :]
+        kv_mask = in_k[:, None] & (d[None, :] < D)
+        keys = tl.load(k_ptr + kv_offs, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
+        scores = tl.sum(keys * q[None, :], axis=1) * scale
+        scores = tl.where(visible, scores, -float("inf"))
+        m_new = tl.maximum(m, tl.max(scores, 0))
+        alpha = tl.exp(m - m_new)  # rescales what was summed under the old max
+        weights = tl.exp(scores - m_new)
+        values = tl.load(v_ptr + kv_offs, mask=kv_mask, other=0.0)
+        l = l * alpha + tl.sum(weights, 0)
+        acc = acc * alpha + tl.sum(weights[:, None] * values, axis=0)
+        m = m_new
+    tl.store(out_ptr + (h * N + i) * D + d, acc / l, mask=d < D)
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tree_mask: torch.Tensor,
+                   block_k: int = 64) -> torch.Tensor:
+    """Launch the tree-attention kernel; same contract as tree_attention_reference (float32)."""
+    H, N, D = q.shape
+    if k.shape != v.shape or k.shape[0] != H or k.shape[2] != D or k.shape[1] < N or tree_mask.shape != (N, N):
+        raise ValueError(f"shapes: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, mask "
+                         f"{tuple(tree_mask.shape)}; expected q (H, N, d), k and v (H, L + N, d), mask (N, N)")
+    if not tree_mask.diagonal().all():
+        raise ValueError("every node must see itself (tree_mask diagonal all True)")
+    out = torch.empty_like(q)
+    _tree_attention_kernel[(H, N)](q.contiguous(), k.contiguous(), v.contiguous(), tree_mask.to(torch.int8).contiguous(),
+                                   out, N, k.shape[1] - N, D, D ** -0.5, BLOCK_K=block_k,
+                                   BLOCK_D=triton.next_power_of_2(D))
+    return out

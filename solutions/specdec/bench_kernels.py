@@ -1,0 +1,65 @@
+"""GPU benchmark of the fused chain verifier (not a test; needs a CUDA GPU).
+
+``python -m specdec.bench_kernels`` (``make bench-kernels``) times ``verify_chain_fused``
+against its PyTorch specification at B in {1, 8, 64}, gamma = 4, V in {32000, 128256},
+and against the bandwidth floor: the kernel must read p and q once, (2 gamma + 1) B V
+float32 values, so time >= bytes / peak bandwidth. Prints achieved GB/s and percent of
+peak. The peak comes from data/gpus.json (matched on the device name) or --peak-gbs.
+Without a GPU it says so and exits 0: the kernels still run on CPU in Triton's
+interpreter (tests/test_kernels.py), but interpreter timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def _peak_bandwidth(name: str) -> float | None:
+    from specdec.tables import load_gpus
+
+    matches = [gpu for gpu_name, gpu in load_gpus().items() if gpu_name.split()[0].lower() in name.lower()]
+    return matches[0].bandwidth if len(matches) == 1 else None  # "H100" matches one row; ambiguous: ask
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peak-gbs", type=float, help="peak memory bandwidth in GB/s (default: from data/gpus.json)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("No CUDA GPU here: nothing to benchmark. The kernels run on the CPU under TRITON_INTERPRET=1 "
+              "(see tests/test_kernels.py); their speed is measured only on a GPU.")
+        return 0
+    import triton.testing
+
+    from specdec.kernels import verify_chain_fused, verify_chain_reference
+
+    name = torch.cuda.get_device_name()
+    peak = args.peak_gbs * 1e9 if args.peak_gbs else _peak_bandwidth(name)
+    print(f"{name}: peak bandwidth {peak / 1e9:.0f} GB/s" if peak else f"{name}: peak bandwidth unknown (--peak-gbs)")
+    gamma = 4
+    for V in (32000, 128256):
+        for B in (1, 8, 64):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            p = torch.softmax(torch.randn(B, gamma + 1, V, device="cuda", generator=g), -1)
+            q = torch.softmax(torch.randn(B, gamma, V, device="cuda", generator=g), -1)
+            draft = torch.multinomial(q.view(-1, V), 1, generator=g).view(B, gamma)
+            u = torch.rand(B, gamma, device="cuda", generator=g)
+            e = -torch.log1p(-torch.rand(B, V, device="cuda", generator=g))
+            greedy = torch.zeros(B, dtype=torch.bool, device="cuda")
+            args_ = (p, q, draft, u, e, greedy)
+            assert all(torch.equal(a, b) for a, b in zip(verify_chain_fused(*args_), verify_chain_reference(*args_)))
+            fused = triton.testing.do_bench(lambda: verify_chain_fused(*args_)) * 1e-3
+            reference = triton.testing.do_bench(lambda: verify_chain_reference(*args_)) * 1e-3
+            nbytes = (2 * gamma + 1) * B * V * 4
+            line = (f"V={V:6d} B={B:2d}: fused {fused * 1e6:8.1f} us, PyTorch {reference * 1e6:8.1f} us "
+                    f"({reference / fused:5.1f}x), {nbytes / fused / 1e9:7.0f} GB/s")
+            if peak:
+                line += f" = {100 * nbytes / fused / peak:5.1f}% of peak (floor {nbytes / peak * 1e6:.1f} us)"
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
