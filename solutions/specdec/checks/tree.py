@@ -23,6 +23,7 @@ TREES = [
     ("choices in shuffled order, with a repeat", [(1, 0), (0,), (0, 0, 1), (1,), (0, 0), (0,)]),
     ("the default tree", ref.DEFAULT_CHOICES),
     ("a single candidate", [(0,)]),
+    ("ranks with a gap", [(0,), (2,), (2, 1)]),
 ]
 
 
@@ -68,7 +69,7 @@ def check_tree_position_ids(fn: Callable) -> None:
             label = f"tree_position_ids(cache_len={cache_len}, depths={list(depths)}) for {desc}"
             got = call(fn, label, cache_len, list(depths))
             expected = ref.tree_position_ids(cache_len, depths)
-            if not isinstance(got, torch.Tensor) or not same(got, expected):
+            if not isinstance(got, torch.Tensor) or got.dtype not in (torch.int64, torch.int32) or not same(got, expected):
                 raise CheckFailure(f"{label}: expected {expected.tolist()}, got {got!r}."
                                    + diagnose(for_exercise("tree_position_ids"), [((cache_len, list(depths)), got)]))
 
@@ -83,10 +84,15 @@ def _greedy_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]
         V = rng.choice([4, 8, 50])
         logits = torch.randn(len(tree), V, generator=g)
         best = logits.argmax(-1)
-        tokens = torch.randint(0, V, (len(tree),), generator=g)
-        for i in range(1, len(tree)):
-            if rng.random() < 0.6:  # this node agrees with the target at its parent
-                tokens[i] = best[tree.parents[i]]
+        tokens = torch.zeros(len(tree), dtype=torch.long)
+        for parent in range(len(tree)):  # siblings carry distinct tokens, as a top-k proposer's do
+            children = tree.children(parent)
+            picks = torch.randperm(V, generator=g)[: len(children)]
+            if children and rng.random() < 0.6:  # one child agrees with the target at this parent
+                spot = rng.randrange(len(children))
+                picks[picks == best[parent]] = picks[spot].clone()
+                picks[spot] = best[parent]
+            tokens[children] = picks
         cases.append((f"{desc}, case {k}", tokens, tree.parents, logits))
     return cases
 
@@ -97,11 +103,20 @@ def check_verify_tree_greedy(fn: Callable) -> None:
                  f"target argmax per node={logits.argmax(-1).tolist()})")
         got = call(fn, label, tokens.clone(), list(parents), logits.clone())
         expected = ref.verify_tree_greedy(tokens, parents, logits)
-        if not (isinstance(got, tuple) and len(got) == 2) or (list(got[0]), list(got[1])) != (list(expected[0]), list(expected[1])):
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise CheckFailure(f"{label}: return a tuple (path, committed) of two lists of ints, got {got!r}")
+        if _ints(got[0]) != expected[0] or _ints(got[1]) != expected[1]:
             raise CheckFailure(f"{label}: expected (path, committed) = {expected}, got {got!r}. The path is the "
                                "longest one whose every token is the target's argmax at its parent; on a tie the "
                                "earliest node wins." + diagnose(for_exercise("verify_tree_greedy"),
                                                                [((tokens, list(parents), logits), got)]))
+
+
+def _ints(values) -> list[int] | None:
+    try:
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        return None
 
 
 def _sampling_scenarios():
@@ -137,10 +152,16 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
         g = torch.Generator().manual_seed(_SEED)
         runs = []
         for _ in range(n):
-            got = call(fn, label, tokens, tree, p, g)
-            if not (isinstance(got, tuple) and len(got) == 2):
-                raise CheckFailure(f"{label}: return (path, committed), got {got!r}")
-            runs.append(tuple(int(t) for t in got[1]))
+            got = call(fn, label, tokens.clone(), tree, p, g)
+            if not (isinstance(got, (tuple, list)) and len(got) == 2) or _ints(got[0]) is None or _ints(got[1]) is None:
+                raise CheckFailure(f"{label}: return a tuple (path, committed) of two lists of ints, got {got!r}")
+            path, committed = _ints(got[0]), _ints(got[1])
+            walk_ok = path and path[0] == 0 and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+            if not walk_ok or len(path) != len(committed) or [int(tokens[i]) for i in path[1:]] != committed[:-1]:
+                raise CheckFailure(f"{label}: got path {path} and committed {committed}. The path starts at the root "
+                                   "(0) and goes from parent to child; committed holds the tokens of path[1:], then "
+                                   "the sampled token, so len(committed) == len(path).")
+            runs.append(tuple(committed))
         compare_frequencies(runs, walk_distribution(tokens, tree, p), f"{label}, {n} seeded runs",
                             hint="Try the children in order; accept child x with probability r(x) / sum(r); after a "
                                  "rejection set r(x) = 0 (renormalising implicitly); if none is accepted, sample from r.")
@@ -166,7 +187,9 @@ def check_compact_cache(fn: Callable) -> None:
                                f"{cache.length}: crop after moving the entries.")
         n = want.length
         if not (torch.equal(cache.k[..., :n, :], want.k[..., :n, :]) and torch.equal(cache.v[..., :n, :], want.v[..., :n, :])):
-            bad = [s for s in range(n) if not torch.equal(cache.k[..., s, :], want.k[..., s, :])]
-            raise CheckFailure(f"{label}: slot {bad[0]} should hold the KV of tree node {path[bad[0] - start]} (written "
-                               f"at slot {start + path[bad[0] - start]}), for both K and V and every layer. Node i of the "
-                               "tree sits at slot start + i.")
+            bad = [(s, name) for s in range(n) for name in ("k", "v")
+                   if not torch.equal(getattr(cache, name)[..., s, :], getattr(want, name)[..., s, :])]
+            slot, name = bad[0]
+            raise CheckFailure(f"{label}: slot {slot} of cache.{name} should hold tree node {path[slot - start]}'s entry "
+                               f"(written at slot {start + path[slot - start]}), in every layer; move both K and V. "
+                               "Node i of the tree sits at slot start + i.")
