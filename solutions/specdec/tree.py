@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.engine import GREEDY, SamplingParams, check_request
 from specdec.model import KVCache
 from specdec.sampling import sample
 
@@ -200,13 +201,10 @@ def propose_tree(draft, cache: KVCache, pending: list[int], tree: Tree) -> list[
 
 
 @torch.inference_mode()
-def tree_generate(target, draft, prompt: list[int], n_tokens: int, choices=DEFAULT_CHOICES, params=None,
-                  generator: torch.Generator | None = None) -> list[int]:
+def tree_generate(target, draft, prompt: list[int], n_tokens: int, choices=DEFAULT_CHOICES,
+                  params: SamplingParams = GREEDY, generator: torch.Generator | None = None) -> list[int]:
     """Speculative decoding with a tree of draft candidates, verified by one target forward
     per round with the tree mask; the same output distribution as target-only decoding."""
-    from specdec.engine import GREEDY, check_request
-
-    params = params or GREEDY
     tree = flatten_tree(choices)
     check_request(target, draft, prompt, n_tokens, max(tree.depths))
     for name, model in (("target", target), ("draft", draft)):
