@@ -6,7 +6,7 @@ import torch
 
 from specdec.mistakes import Mistake
 from specdec.sampling import sample
-from specdec.tree import Tree, check_choices, retrieve_indices, tree_mask
+from specdec.tree import Tree, check_choices, retrieve_indices
 
 
 def _flatten_depth_first(choices):
