@@ -220,21 +220,28 @@ class Generation:
         return self.wall_s - self.prefill_s - sum(r.draft_s + r.target_s for r in self.rounds)
 
 
-def rounds_from_calls(target_calls: list[Call], draft_calls: list[Call], prefilled: bool, gamma: int) -> list[RoundStats]:
-    """Per-round statistics of a speculative_generate run, from its recorded forwards."""
+def rounds_from_calls(target_calls: list[Call], draft_calls: list[Call], prefilled: bool,
+                      proposed: int | None = None) -> list[RoundStats]:
+    """Per-round statistics of a recorded run: one target verification forward per round;
+    a round's draft forwards are those recorded between its verification and the one before.
+    ``proposed``: drafts per round (gamma, or a tree's depth); default: what the target was fed."""
     verify = target_calls[1:] if prefilled else target_calls
     drafts = draft_calls[1:] if prefilled else draft_calls
-    per_round = len(drafts) // max(len(verify), 1)  # gamma forwards per round
-    rounds = []
+    rounds, previous = [], -1
     for i, call in enumerate(verify):
         after = verify[i + 1].cache_len if i + 1 < len(verify) else call.cache.length
-        round_drafts = drafts[i * per_round : (i + 1) * per_round]
-        next_draft = drafts[(i + 1) * per_round] if (i + 1) * per_round < len(drafts) else None
-        draft_len = next_draft.cache_len if next_draft is not None else round_drafts[-1].cache.length
+        later = [c for c in drafts if c.order > call.order]
+        draft_len = later[0].cache_len if later else (drafts[-1].cache.length if drafts else 0)
+        draft_s = sum(c.seconds for c in drafts if previous < c.order < call.order)
         accepted = after - call.cache_len - 1
-        rounds.append(RoundStats(gamma, accepted, accepted + 1, sum(c.seconds for c in round_drafts), call.seconds,
-                                 after, draft_len))
+        n = proposed if proposed is not None else len(call.tokens) - 1
+        rounds.append(RoundStats(n, accepted, accepted + 1, draft_s, call.seconds, after, draft_len))
+        previous = call.order
     return rounds
+
+
+def _prefill_s(prefilled: bool, *models: RecordingModel) -> float:
+    return sum(m.calls[0].seconds for m in models) if prefilled else 0.0
 
 
 class SpeculativeEngine:
@@ -255,8 +262,7 @@ class SpeculativeEngine:
         start = time.perf_counter()
         tokens = target_only_generate(target, prompt, n_tokens, params, generator)
         wall = time.perf_counter() - start
-        prefill = target.calls[0].seconds if len(prompt) > 1 else 0.0
-        return Generation(tokens, wall_s=wall, prefill_s=prefill)
+        return Generation(tokens, wall_s=wall, prefill_s=_prefill_s(len(prompt) > 1, target))
 
     def generate_lookup(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                         generator: torch.Generator | None = None, n_max: int = 3, n_min: int = 1) -> Generation:
@@ -267,7 +273,8 @@ class SpeculativeEngine:
         start = time.perf_counter()
         tokens = lookup_generate(target, prompt, n_tokens, gamma, params, generator, n_max, n_min)
         wall = time.perf_counter() - start
-        return self._generation(tokens, target, None, len(prompt) > 1, wall)
+        prefilled = len(prompt) > 1
+        return Generation(tokens, rounds_from_calls(target.calls, [], prefilled), wall, _prefill_s(prefilled, target))
 
     def generate_tree(self, prompt: list[int], n_tokens: int, choices=None, params: SamplingParams = GREEDY,
                       generator: torch.Generator | None = None) -> Generation:
@@ -280,22 +287,9 @@ class SpeculativeEngine:
         start = time.perf_counter()
         tokens = tree_generate(target, draft, prompt, n_tokens, choices, params, generator)
         wall = time.perf_counter() - start
-        return self._generation(tokens, target, draft, len(prompt) > 1, wall, max(flatten_tree(choices).depths))
-
-    @staticmethod
-    def _generation(tokens: list[int], target: RecordingModel, draft: RecordingModel | None, prefilled: bool,
-                    wall: float, depth: int | None = None) -> Generation:
-        """Per-round statistics from the target's recorded verification forwards (one per round)."""
-        calls = target.calls[1:] if prefilled else target.calls
-        prefill = target.calls[0].seconds + (draft.calls[0].seconds if draft else 0.0) if prefilled else 0.0
-        draft_s = sum(c.seconds for c in draft.calls) - (draft.calls[0].seconds if prefilled else 0.0) if draft else 0.0
-        rounds = []
-        for i, call in enumerate(calls):
-            after = calls[i + 1].cache_len if i + 1 < len(calls) else call.cache.length
-            accepted = after - call.cache_len - 1
-            proposed = depth if depth is not None else len(call.tokens) - 1
-            rounds.append(RoundStats(proposed, accepted, accepted + 1, draft_s / len(calls), call.seconds, after, 0))
-        return Generation(tokens, rounds, wall, prefill)
+        prefilled, depth = len(prompt) > 1, max(flatten_tree(choices).depths)
+        rounds = rounds_from_calls(target.calls, draft.calls, prefilled, depth)
+        return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft))
 
     def generate(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                  generator: torch.Generator | None = None) -> Generation:
@@ -307,5 +301,5 @@ class SpeculativeEngine:
         tokens = speculative_generate(target, draft, prompt, n_tokens, gamma, params, generator)
         wall = time.perf_counter() - start
         prefilled = len(prompt) > 1
-        prefill = target.calls[0].seconds + draft.calls[0].seconds if prefilled else 0.0
-        return Generation(tokens, rounds_from_calls(target.calls, draft.calls, prefilled, gamma), wall, prefill)
+        rounds = rounds_from_calls(target.calls, draft.calls, prefilled, gamma)
+        return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft))
