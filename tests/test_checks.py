@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import chain, engine, greedy, ledger, lookup, rejection, tree
+from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, rejection, tree
 from specdec.checks import CheckFailure, expect_close, expect_equal
+from specdec.checks import analysis as analysis_checks
 from specdec.checks import chain as chain_checks
 from specdec.checks import engine as engine_checks
 from specdec.checks import greedy as greedy_checks
+from specdec.checks import kernels as kernel_checks
 from specdec.checks import ledger as ledger_checks
 from specdec.checks import lookup as lookup_checks
 from specdec.checks import rejection as rejection_checks
@@ -53,6 +55,14 @@ RUN_CHECK = {
     "verify_tree_greedy": (tree.verify_tree_greedy, tree_checks.check_verify_tree_greedy),
     "verify_tree_sampling": (tree.verify_tree_sampling, tree_checks.check_verify_tree_sampling),
     "compact_cache": (tree.compact_cache, tree_checks.check_compact_cache),
+    "race_kernel": (kernels.race_kernel, kernel_checks.check_race_kernel),
+    "logsumexp_kernel": (kernels.logsumexp_kernel, kernel_checks.check_logsumexp_kernel),
+    "verify_chain_kernel": (kernels.verify_chain_kernel, kernel_checks.check_verify_chain_kernel),
+    "tree_attention_kernel": (kernels.tree_attention_kernel, kernel_checks.check_tree_attention_kernel),
+    "acceptance_from_rounds": (analysis.acceptance_from_rounds, analysis_checks.check_acceptance_from_rounds),
+    "measured_costs": (analysis.measured_costs, analysis_checks.check_measured_costs),
+    "predicted_speedup": (analysis.predicted_speedup, analysis_checks.check_predicted_speedup),
+    "best_measured_gamma": (analysis.best_measured_gamma, analysis_checks.check_best_measured_gamma),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {
@@ -92,6 +102,8 @@ def test_skeleton_fails_with_not_implemented_message(exercise):
         raise NotImplementedError()
 
     skeleton.__name__ = exercise
+    if exercise.endswith("_kernel"):  # a Triton kernel, as nbgrader's skeleton leaves it
+        skeleton = kernel_skeleton(RUN_CHECK[exercise][0])
     with pytest.raises(CheckFailure, match="not implemented yet"):
         RUN_CHECK[exercise][1](skeleton)
 
@@ -138,3 +150,23 @@ def test_visible_helpers_name_the_likely_mistake():
     with pytest.raises(CheckFailure, match="return an int"):
         expect_equal(lambda: 8.0, (), 8, label="best_gamma(...)")
     expect_equal(ledger.best_gamma, (0.8, 0.05), 8)
+
+
+def kernel_skeleton(kernel):
+    """The reference kernel with its body replaced by nbgrader's `raise NotImplementedError()`."""
+    import inspect
+    import re
+
+    import triton
+    import triton.language as tl
+
+    source = re.sub(r"### BEGIN SOLUTION.*### END SOLUTION", "raise NotImplementedError()",
+                    inspect.getsource(kernel.fn), flags=re.S)
+    namespace = {"triton": triton, "tl": tl}
+    exec(compile(source, f"<skeleton {kernel.fn.__name__}>", "exec"), namespace)
+    return namespace[kernel.fn.__name__]
+
+
+def test_kernel_check_refuses_a_plain_function():
+    with pytest.raises(CheckFailure, match="must be a Triton kernel"):
+        kernel_checks.check_race_kernel(lambda *args: None)

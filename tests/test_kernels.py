@@ -1,12 +1,16 @@
-"""The fused chain verifier (Triton; the interpreter on CPU) equals its PyTorch
-specification on random shapes, and the specification samples exactly."""
+"""The Triton kernels (the interpreter on CPU) equal their PyTorch specifications on random
+shapes, the specifications sample exactly, and the launchers refuse bad input."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 
 from specdec.chain import outcome_distribution
 from specdec.checks.stats import compare_frequencies
-from specdec.kernels import PAD, verify_chain_fused, verify_chain_reference
+from specdec.kernels import (PAD, exponential_noise, logsumexp, race, race_reference, tree_attention,
+                             verify_chain_fused, verify_chain_reference)
 
 
 def _inputs(B: int, gamma: int, V: int, seed: int):
@@ -61,6 +65,74 @@ def test_bad_input_is_refused():
         verify_chain_fused(p.double(), q.double(), draft, u, e, greedy)
     with pytest.raises(ValueError, match="shapes"):
         verify_chain_fused(p, q, draft, u[:, :1], e, greedy)
+    with pytest.raises(ValueError, match=r"draft token ids must lie in \[0, 10\)"):
+        verify_chain_fused(p, q, draft + 10, u, e, greedy)
+    with pytest.raises(ValueError, match="noise e must be > 0"):
+        verify_chain_fused(p, q, draft, u, e * 0, greedy)
+    with pytest.raises(ValueError, match="noise e must be > 0"):
+        race(p[:, 0], torch.zeros_like(p[:, 0]))
+    with pytest.raises(ValueError, match=r"\(B, V\)"):
+        logsumexp(p)
+    h = torch.randn(1, 3, 4)
+    with pytest.raises(ValueError, match="bool"):
+        tree_attention(h, h, h, torch.eye(3))
+    with pytest.raises(ValueError, match="every node must see itself and the root"):
+        tree_attention(h, h, h, torch.zeros(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="every node must see itself and the root"):
+        tree_attention(h, h, h, torch.eye(3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("B, V, block", [(1, 1, 8), (3, 100, 32), (5, 1000, 128)])
+def test_race_and_logsumexp_kernels_equal_torch(B, V, block):
+    g = torch.Generator().manual_seed(V)
+    w, e = torch.rand(B, V, generator=g), exponential_noise(B, V, generator=g)
+    assert torch.equal(race(w, e, block_v=block), race_reference(w, e))
+    x = 50 * torch.randn(B, V, generator=g)
+    x[0, : V // 2] = float("-inf")
+    assert torch.allclose(logsumexp(x, block_v=block), torch.logsumexp(x, -1), rtol=1e-5)
+
+
+def test_logsumexp_of_only_minus_inf_is_minus_inf():
+    x = torch.full((2, 40), float("-inf"))
+    with np.errstate(divide="ignore"):
+        assert logsumexp(x, block_v=16).tolist() == [float("-inf")] * 2
+
+
+def test_race_reference_samples_proportionally_to_the_weights():
+    """20,000 rows, same weights, independent noise: frequencies match w / sum(w) (5 sigma)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.tensor([0.5, 2.0, 0.0, 1.0, 0.25, 0.25], dtype=torch.float64)
+    picks = race_reference(w.expand(20_000, -1), exponential_noise(20_000, 6, generator=g).double())
+    compare_frequencies(picks.tolist(), {x: float(w[x] / w.sum()) for x in range(6)}, "race_reference")
+
+
+@pytest.mark.parametrize("u, expected", [(0.0, -math.log(torch.finfo(torch.float32).tiny)), (0.5, math.log(2))])
+def test_exponential_noise_is_positive_and_finite(monkeypatch, u, expected):
+    """A uniform of exactly 0 (float32: about once in 2**24) must give neither 0 (w / 0 wins whatever w is)
+    nor infinity (w / inf = 0 ties with the zero-weight tokens)."""
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.full(shape, u))
+    assert exponential_noise(3).tolist() == pytest.approx([expected] * 3)
+
+
+def test_reference_kernels_compile_for_a_gpu():
+    """Triton's compiler front end accepts every kernel for an sm_90 target (no GPU needed), so the
+    interpreter-tested kernels also run compiled; a kernel the compiler rejects is reported."""
+    from specdec import kernels
+    from specdec.checks.kernels import SIGNATURES, compile_error
+    from specdec.mistakes.kernels import _edited
+
+    for name in SIGNATURES:
+        assert compile_error(getattr(kernels, name), name) is None, name
+    broken = _edited(kernels.race_kernel, "int_start", ('best, best_col = -float("inf"), 0', "best, best_col = 0, 0"))
+    assert "Loop-carried variable best" in compile_error(broken, "race_kernel")
+
+
+def test_launchers_write_into_out_and_check_it():
+    w, e = torch.rand(2, 9), exponential_noise(2, 9)
+    out = torch.full((2,), -5)
+    assert race(w, e, out=out) is out and torch.equal(out, race_reference(w, e))
+    with pytest.raises(ValueError, match="out must be a contiguous torch.int64 tensor of shape"):
+        race(w, e, out=torch.zeros(3, dtype=torch.long))
 
 
 @pytest.mark.parametrize("H, L, D, block", [(1, 0, 8, 4), (2, 17, 16, 8), (4, 40, 24, 16), (2, 130, 64, 64)])

@@ -14,7 +14,7 @@ import io
 import pytest
 from conftest import nbgrader_meta, read, source_path
 
-from specdec.mistakes import chain, engine, greedy, ledger, lookup, rejection, tree
+from specdec.mistakes import chain, engine, greedy, kernels, ledger, lookup, rejection, tree
 
 CATALOGUES = {
     "01_cost_ledger": ledger.MISTAKES,
@@ -24,6 +24,7 @@ CATALOGUES = {
     "05_kv_cache_engine": engine.MISTAKES,
     "06_prompt_lookup": lookup.MISTAKES,
     "07_tree_attention": tree.MISTAKES,
+    "08_gpu_kernels": kernels.MISTAKES,
 }
 
 

@@ -90,6 +90,7 @@ def _package_functions() -> dict[str, list[str]]:
     for info in pkgutil.walk_packages(specdec.__path__, "specdec."):
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
+            obj = getattr(obj, "fn", obj)  # a Triton kernel: its Python function
             if inspect.isfunction(obj) and obj.__module__ == info.name:
                 found.setdefault(name, []).append(inspect.getsource(obj))
     return found

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import hashlib
 import json
 import resource
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -88,6 +91,103 @@ def _row(task, proposer, gamma, accepted, proposed, rounds, tokens, seconds, bas
     return row
 
 
+def measure_costs(target: Llama, draft: Llama, gammas: Sequence[int]) -> dict:
+    """One-token step times of both models, c, and the cost of verifying gamma + 1 positions."""
+    t1, d1 = step_time(target), step_time(draft)
+    return {"target_step_ms": t1 * 1e3, "draft_step_ms": d1 * 1e3, "c": d1 / t1,
+            "verify_ratio": {g: step_time(target, tokens=g + 1) / t1 for g in gammas}}
+
+
+def sweep(engine: SpeculativeEngine, prompts: dict[str, list[list[int]]], n_tokens: int, gammas: Sequence[int],
+          repeats: int, costs: dict, proposers: Sequence[str] = ("draft", "lookup", "tree"),
+          bar: tqdm | None = None) -> tuple[list[dict], dict[str, list[list[int]]]]:
+    """Greedy runs of this course's engine: per task (prompt token lists by task name), proposer and
+    gamma, one row of measurements (see the module doc; ``rounds`` holds each round's statistics),
+    and the target-only outputs by task. Wall times are medians over ``repeats``."""
+    rows, base_tokens = [], {}
+    tree = lambda ids, n, gamma: engine.generate_tree(ids, n)  # noqa: E731 (one fixed tree, depth 4)
+    generators = {"draft": (engine.generate, costs["c"], gammas), "lookup": (engine.generate_lookup, 1e-9, gammas),
+                  "tree": (tree, costs["c"], [max(flatten_tree(DEFAULT_CHOICES).depths)])}
+    for task, encoded in prompts.items():
+        base, base_s, base_prefill = [], 0.0, 0.0
+        for ids in encoded:
+            gen, s = _median_time(lambda: engine.generate_target_only(ids, n_tokens), repeats)
+            base.append(gen.tokens)
+            base_s += s
+            base_prefill += gen.prefill_s
+            if bar is not None:
+                bar.update()
+        base_tokens[task] = base
+        for proposer in proposers:
+            generate, c, proposer_gammas = generators[proposer]
+            for gamma in proposer_gammas:
+                seconds = prefill = 0.0
+                rounds, identical = [], True
+                split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
+                for ids, want in zip(encoded, base):
+                    gen, s = _median_time(lambda: generate(ids, n_tokens, gamma), repeats)
+                    identical &= gen.tokens == want
+                    seconds += s
+                    prefill += gen.prefill_s
+                    rounds += gen.rounds
+                    split["draft_frac"] += sum(r.draft_s for r in gen.rounds) / gen.wall_s / len(encoded)
+                    split["target_frac"] += sum(r.target_s for r in gen.rounds) / gen.wall_s / len(encoded)
+                    split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
+                    if bar is not None:
+                        bar.update()
+                row = _row(task, proposer, gamma, sum(r.accepted for r in rounds), sum(r.proposed for r in rounds),
+                           len(rounds), n_tokens * len(encoded), seconds, base_s, c,
+                           costs["verify_ratio"].get(gamma, 1.0), identical, split,
+                           (base_s - base_prefill) / (seconds - prefill))
+                row["rounds"] = [dataclasses.asdict(r) for r in rounds]
+                rows.append(row)
+    return rows, base_tokens
+
+
+#: The notebook's workloads: a small default that runs in well under a minute, and the full sweep.
+WORKLOADS = {"small": {"prompts": 2, "tokens": 48, "gammas": [1, 2, 4, 6], "repeats": 3},
+             "full": {"prompts": 8, "tokens": 128, "gammas": [1, 2, 3, 4, 5, 6, 8], "repeats": 3}}
+
+
+def notebook_sweep(workload: str = "small", models: Path = DATA_DIR / "models", cache: Path | None = None) -> dict:
+    """Notebook 09's measurements: {"config", "costs", "rows"} for a workload of WORKLOADS, read from
+    ``cache`` (a JSON file) when it holds the same configuration (workload, models, threads), else
+    measured with a progress bar and written there."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {workload!r}")
+    digest = hashlib.sha256()
+    for name in ("target.safetensors", "draft.safetensors"):
+        digest.update((Path(models) / name).read_bytes())
+    config = {**WORKLOADS[workload], "workload": workload, "models": digest.hexdigest()[:16],
+              "threads": torch.get_num_threads(), "python": sys.version.split()[0]}
+    if cache is not None and cache.exists():
+        try:
+            stored = json.loads(cache.read_text())
+        except json.JSONDecodeError:
+            stored = {}
+        if stored.get("config") == config:
+            return _int_gammas(stored)
+    target, draft = load_pair(models)
+    engine = SpeculativeEngine(target, draft)
+    prompts = {"code": [tokenizer.encode(t) for t in corpus.code_prompts(config["prompts"])],
+               "math": [tokenizer.encode(t) for t in corpus.math_prompts(config["prompts"])]}
+    costs = measure_costs(target, draft, config["gammas"])
+    runs = len(prompts) * config["prompts"] * (2 + 2 * len(config["gammas"]))
+    with tqdm(total=runs, desc=f"measuring ({workload})", unit="run") as bar:
+        rows, _ = sweep(engine, prompts, config["tokens"], config["gammas"], config["repeats"], costs, bar=bar)
+    result = {"config": config, "costs": costs, "rows": rows}
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(result))
+    return _int_gammas(json.loads(json.dumps(result)))
+
+
+def _int_gammas(result: dict) -> dict:
+    """JSON turns the gamma keys of verify_ratio into strings: turn them back."""
+    result["costs"]["verify_ratio"] = {int(g): v for g, v in result["costs"]["verify_ratio"].items()}
+    return result
+
+
 def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats: int, with_hf: bool) -> tuple[list[dict], dict]:
     target, draft = load_pair(models)
     engine = SpeculativeEngine(target, draft)
@@ -95,82 +195,59 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
     for texts in prompts.values():  # refuse a workload the models cannot serve before measuring anything
         for text in texts:
             check_request(target, draft, tokenizer.encode(text), n_tokens, max(gammas))
-    t1, d1 = step_time(target), step_time(draft)
-    costs = {"target_step_ms": t1 * 1e3, "draft_step_ms": d1 * 1e3, "c": d1 / t1,
-             "verify_ratio": {g: step_time(target, tokens=g + 1) / t1 for g in gammas}}
-    print(f"target step {t1 * 1e3:.2f} ms, draft step {d1 * 1e3:.2f} ms, c = {d1 / t1:.3f}; verifying gamma + 1 "
-          "positions costs " + ", ".join(f"{v:.2f}x (gamma {g})" for g, v in costs["verify_ratio"].items()))
-    hf = None
-    if with_hf:
-        from transformers.utils import logging as hf_logging
-
-        from specdec.hf import hf_generate, to_transformers
-
-        hf_logging.set_verbosity_error()
-        hf = to_transformers(target), to_transformers(draft)
-        hf[1].generation_config.num_assistant_tokens_schedule = "constant"
-        hf[1].generation_config.assistant_confidence_threshold = 0.0
-    rows = []
-    total = len(prompts) * n_prompts * (2 + 2 * len(gammas) + (1 + 2 * len(gammas) if hf else 0))
+    costs = measure_costs(target, draft, gammas)
+    print(f"target step {costs['target_step_ms']:.2f} ms, draft step {costs['draft_step_ms']:.2f} ms, "
+          f"c = {costs['c']:.3f}; verifying gamma + 1 positions costs "
+          + ", ".join(f"{v:.2f}x (gamma {g})" for g, v in costs["verify_ratio"].items()))
+    encoded = {task: [tokenizer.encode(t) for t in texts] for task, texts in prompts.items()}
+    total = len(prompts) * n_prompts * (2 + 2 * len(gammas) + (1 + 2 * len(gammas) if with_hf else 0))
     bar = tqdm(total=total, desc="bench", unit="prompt")
-    for task, texts in prompts.items():
-        encoded = [tokenizer.encode(t) for t in texts]
-        base, base_s, base_prefill = [], 0.0, 0.0
-        for ids in encoded:
-            gen, s = _median_time(lambda: engine.generate_target_only(ids, n_tokens), repeats)
-            base.append(gen.tokens)
-            base_s += s
-            base_prefill += gen.prefill_s
-            bar.update()
-        tree = lambda ids, n, gamma: engine.generate_tree(ids, n)  # noqa: E731 (one fixed tree, depth 4)
-        for proposer, generate, c, sweep in (("draft", engine.generate, costs["c"], gammas),
-                                             ("lookup", engine.generate_lookup, 1e-9, gammas),
-                                             ("tree", tree, costs["c"], [max(flatten_tree(DEFAULT_CHOICES).depths)])):
-            for gamma in sweep:
-                seconds = accepted = proposed = rounds = prefill = 0
-                split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
-                identical = True
-                for ids, want in zip(encoded, base):
-                    gen, s = _median_time(lambda: generate(ids, n_tokens, gamma), repeats)
-                    identical &= gen.tokens == want
-                    seconds += s
-                    prefill += gen.prefill_s
-                    accepted += sum(r.accepted for r in gen.rounds)
-                    proposed += sum(r.proposed for r in gen.rounds)
-                    rounds += len(gen.rounds)
-                    split["draft_frac"] += sum(r.draft_s for r in gen.rounds) / gen.wall_s / len(encoded)
-                    split["target_frac"] += sum(r.target_s for r in gen.rounds) / gen.wall_s / len(encoded)
-                    split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
-                    bar.update()
-                rows.append(_row(task, proposer, gamma, accepted, proposed, rounds, n_tokens * len(encoded), seconds,
-                                 base_s, c, costs["verify_ratio"].get(gamma, 1.0), identical, split,
-                                 (base_s - base_prefill) / (seconds - prefill)))
-                tqdm.write(json.dumps(rows[-1]))
-        if hf:
-            hf_base_s = 0.0
-            for ids, want in zip(encoded, base):
-                out, s = _median_time(lambda: hf_generate(hf[0], ids, n_tokens), repeats)
-                hf_base_s += s
-                if out != want:
-                    tqdm.write(f"note: transformers' greedy output differs from ours on a {task} prompt")
-                bar.update()
-            rows.append(_row(task, "hf-target-only", 0, 0, 0, 0, n_tokens * len(encoded), hf_base_s, hf_base_s,
-                             None, None, True))
-            for gamma in gammas:
-                for proposer, kwargs in (("hf-assisted", {"assistant_model": hf[1]}),
-                                         ("hf-prompt-lookup", {"prompt_lookup_num_tokens": gamma})):
-                    hf[1].generation_config.num_assistant_tokens = gamma
-                    seconds, identical = 0.0, True
-                    for ids, want in zip(encoded, base):
-                        out, s = _median_time(lambda: hf_generate(hf[0], ids, n_tokens, **kwargs), repeats)
-                        identical &= out == want
-                        seconds += s
-                        bar.update()
-                    rows.append(_row(task, proposer, gamma, 0, 0, 0, n_tokens * len(encoded), seconds, hf_base_s,
-                                     None, None, identical))
-                    tqdm.write(json.dumps(rows[-1]))
+    rows, base = sweep(engine, encoded, n_tokens, gammas, repeats, costs, bar=bar)
+    for row in rows:
+        row.pop("rounds")
+        tqdm.write(json.dumps(row))
+    if with_hf:
+        rows += _run_hf(target, draft, encoded, base, n_tokens, gammas, repeats, bar)
     bar.close()
     return rows, costs
+
+
+def _run_hf(target: Llama, draft: Llama, encoded: dict[str, list[list[int]]], base: dict[str, list[list[int]]],
+            n_tokens: int, gammas: list[int], repeats: int, bar: tqdm) -> list[dict]:
+    """transformers' target-only decoding, assisted generation and prompt lookup on the same weights."""
+    from transformers.utils import logging as hf_logging
+
+    from specdec.hf import hf_generate, to_transformers
+
+    hf_logging.set_verbosity_error()
+    hf = to_transformers(target), to_transformers(draft)
+    hf[1].generation_config.num_assistant_tokens_schedule = "constant"
+    hf[1].generation_config.assistant_confidence_threshold = 0.0
+    rows = []
+    for task, prompts in encoded.items():
+        hf_base_s = 0.0
+        for ids, want in zip(prompts, base[task]):
+            out, s = _median_time(lambda: hf_generate(hf[0], ids, n_tokens), repeats)
+            hf_base_s += s
+            if out != want:
+                tqdm.write(f"note: transformers' greedy output differs from ours on a {task} prompt")
+            bar.update()
+        rows.append(_row(task, "hf-target-only", 0, 0, 0, 0, n_tokens * len(prompts), hf_base_s, hf_base_s,
+                         None, None, True))
+        for gamma in gammas:
+            for proposer, kwargs in (("hf-assisted", {"assistant_model": hf[1]}),
+                                     ("hf-prompt-lookup", {"prompt_lookup_num_tokens": gamma})):
+                hf[1].generation_config.num_assistant_tokens = gamma
+                seconds, identical = 0.0, True
+                for ids, want in zip(prompts, base[task]):
+                    out, s = _median_time(lambda: hf_generate(hf[0], ids, n_tokens, **kwargs), repeats)
+                    identical &= out == want
+                    seconds += s
+                    bar.update()
+                rows.append(_row(task, proposer, gamma, 0, 0, 0, n_tokens * len(prompts), seconds, hf_base_s,
+                                 None, None, identical))
+                tqdm.write(json.dumps(rows[-1]))
+    return rows
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -1,12 +1,15 @@
 """GPU benchmark of the fused chain verifier (not a test; needs a CUDA GPU).
 
 ``python -m specdec.bench_kernels`` (``make bench-kernels``) times ``verify_chain_fused``
-against its PyTorch specification at B in {1, 8, 64}, gamma = 4, V in {32000, 128256},
-and against the bandwidth floor: the kernel must read p and q once, (2 gamma + 1) B V
-float32 values, so time >= bytes / peak bandwidth. Prints achieved GB/s and percent of
-peak. The peak comes from data/gpus.json (matched on the device name) or --peak-gbs.
-Without a GPU it says so and exits 0: the kernels still run on CPU in Triton's
-interpreter (tests/test_kernels.py), but interpreter timings mean nothing.
+against its PyTorch specification at B in {1, 8, 64}, gamma = 4, V in {32000, 128256}, for
+sampling rows and for greedy rows, and reports achieved bandwidth on the bytes the fused
+kernel reads: a sampling row reads p[k], q[k] and the noise (3 V floats; its accept tests
+are 2 gamma scalar loads), a greedy row the argmax of each of its gamma rows of p plus the
+final pass over p[k], q[k] and the noise ((gamma + 3) V floats). The floor is those bytes
+divided by the peak bandwidth (from data/gpus.json, matched on the device name, or
+--peak-gbs); the PyTorch reference reads all of p and q, (2 gamma + 1) V floats per row,
+several times over. Without a GPU it says so and exits 0: the kernels still run on CPU in
+Triton's interpreter (tests/test_kernels.py), but interpreter timings mean nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import triton.testing
 
+    from specdec.checks.kernels import verify_inputs
     from specdec.kernels import verify_chain_fused, verify_chain_reference
 
     name = torch.cuda.get_device_name()
@@ -41,23 +45,18 @@ def main(argv: list[str] | None = None) -> int:
     gamma = 4
     for V in (32000, 128256):
         for B in (1, 8, 64):
-            g = torch.Generator(device="cuda").manual_seed(0)
-            p = torch.softmax(torch.randn(B, gamma + 1, V, device="cuda", generator=g), -1)
-            q = torch.softmax(torch.randn(B, gamma, V, device="cuda", generator=g), -1)
-            draft = torch.multinomial(q.view(-1, V), 1, generator=g).view(B, gamma)
-            u = torch.rand(B, gamma, device="cuda", generator=g)
-            e = -torch.log1p(-torch.rand(B, V, device="cuda", generator=g))
-            greedy = torch.zeros(B, dtype=torch.bool, device="cuda")
-            args_ = (p, q, draft, u, e, greedy)
-            assert all(torch.equal(a, b) for a, b in zip(verify_chain_fused(*args_), verify_chain_reference(*args_)))
-            fused = triton.testing.do_bench(lambda: verify_chain_fused(*args_)) * 1e-3
-            reference = triton.testing.do_bench(lambda: verify_chain_reference(*args_)) * 1e-3
-            nbytes = (2 * gamma + 1) * B * V * 4
-            line = (f"V={V:6d} B={B:2d}: fused {fused * 1e6:8.1f} us, PyTorch {reference * 1e6:8.1f} us "
-                    f"({reference / fused:5.1f}x), {nbytes / fused / 1e9:7.0f} GB/s")
-            if peak:
-                line += f" = {100 * nbytes / fused / peak:5.1f}% of peak (floor {nbytes / peak * 1e6:.1f} us)"
-            print(line)
+            for mode in ("sampling", "greedy"):
+                args_ = [t.cuda() for t in verify_inputs(B, gamma, V, seed=B)]
+                args_[5][:] = mode == "greedy"
+                assert all(torch.equal(a, b) for a, b in zip(verify_chain_fused(*args_), verify_chain_reference(*args_)))
+                fused = triton.testing.do_bench(lambda: verify_chain_fused(*args_, validate=False)) * 1e-3
+                reference = triton.testing.do_bench(lambda: verify_chain_reference(*args_)) * 1e-3
+                nbytes = B * V * 4 * (3 if mode == "sampling" else gamma + 3)
+                line = (f"V={V:6d} B={B:2d} {mode:8s}: fused {fused * 1e6:8.1f} us, PyTorch {reference * 1e6:8.1f} us "
+                        f"({reference / fused:5.1f}x), {nbytes / fused / 1e9:7.0f} GB/s")
+                if peak:
+                    line += f" = {100 * nbytes / fused / peak:5.1f}% of peak (floor {nbytes / peak * 1e6:.1f} us)"
+                print(line)
     return 0
 
 

@@ -101,3 +101,31 @@ def draw_tree(parents: tuple[int, ...] | list[int], labels: list[str] | None = N
     mx.set_title("tree mask: i sees j")
     fig.tight_layout()
     return fig
+
+
+def draw_blocks(B: int, V: int, block: int) -> Figure:
+    """A (B, V) tensor as a kernel sees it: one program per row, walking the row in blocks;
+    the lanes of the last block past V are masked off."""
+    fig, ax = plt.subplots(figsize=(9, 0.55 * B + 1.1))
+    colors = plt.get_cmap("tab10")
+    n_blocks = -(-V // block)
+    for b in range(B):
+        for n in range(n_blocks):
+            start = n * block
+            ax.add_patch(Rectangle((start, B - 1 - b), min(block, V - start), 0.9, facecolor=colors(b % 10),
+                                   alpha=0.35 + 0.5 * (n % 2), edgecolor="black", lw=0.6))
+            if start + block > V:  # the masked lanes of the partial last block
+                ax.add_patch(Rectangle((V, B - 1 - b), start + block - V, 0.9, facecolor="none", edgecolor="gray",
+                                       hatch="///", lw=0.6, ls="--"))
+        ax.text(-0.01 * V, B - 1 - b + 0.45, f"program {b}", ha="right", va="center", fontsize=8)
+    ax.axvline(V, color="black", lw=1)
+    ax.text(V, B + 0.05, f" V = {V}", fontsize=8, va="bottom")
+    ax.set_xlim(-0.16 * V, n_blocks * block + 1)
+    ax.set_ylim(-0.2, B + 0.5)
+    ax.set_yticks([])
+    ax.set_xlabel(f"column (vocabulary id); blocks of BLOCK_V = {block}, hatched lanes masked (cols >= V)")
+    ax.set_title(f"grid = ({B},): program b loops over the {n_blocks} blocks of row b")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,58 @@
+"""Reading a benchmark (notebook 09): acceptance from per-round counts, measured costs, the
+cost model's prediction, and the best draft length from measurements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specdec.engine import RoundStats
+
+
+def acceptance_from_rounds(accepted: Sequence[int], gamma: int) -> float:
+    """Per-position acceptance a from the drafts accepted in each round of a chain.
+
+    A round stops at its first rejection, so a round that accepted k < gamma drafts tested
+    k + 1 positions, and one that accepted all gamma tested gamma. a = accepted / tested.
+    """
+    if gamma < 1 or not accepted or any(not 0 <= k <= gamma for k in accepted):
+        raise ValueError(f"need gamma >= 1 and at least one round with 0 <= accepted <= gamma, got gamma={gamma}, "
+                         f"accepted={list(accepted)[:10]}")
+    ### BEGIN SOLUTION
+    tested = sum(min(k + 1, gamma) for k in accepted)
+    return sum(accepted) / tested
+    ### END SOLUTION
+
+
+def measured_costs(rounds: Sequence[RoundStats], target_step_s: float) -> tuple[float, float]:
+    """(c, verify_ratio) from a speculative run's rounds and the target's one-token step time.
+
+    c: the draft's seconds per proposed token over the target's step; verify_ratio: the
+    target's mean seconds per verification forward (gamma + 1 positions) over its step.
+    """
+    if not rounds or target_step_s <= 0:
+        raise ValueError("need at least one round and a positive target step time")
+    ### BEGIN SOLUTION
+    draft_per_token = sum(r.draft_s for r in rounds) / sum(r.proposed for r in rounds)
+    verify = sum(r.target_s for r in rounds) / len(rounds)
+    return draft_per_token / target_step_s, verify / target_step_s
+    ### END SOLUTION
+
+
+def predicted_speedup(a: float, gamma: int, c: float, verify_ratio: float = 1.0) -> float:
+    """The cost model's speedup: expected tokens per round, E = (1 - a^(gamma + 1)) / (1 - a),
+    over the round's cost in target steps, gamma * c (drafting) + verify_ratio (verifying)."""
+    ### BEGIN SOLUTION
+    tokens = gamma + 1 if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
+    return tokens / (gamma * c + verify_ratio)
+    ### END SOLUTION
+
+
+def best_measured_gamma(rows: Sequence[dict], task: str, proposer: str) -> int:
+    """The gamma with the highest measured tokens_per_s among rows of this task and proposer
+    (the smaller gamma on a tie: it wastes less when acceptance drops)."""
+    ### BEGIN SOLUTION
+    candidates = [r for r in rows if r["task"] == task and r["proposer"] == proposer]
+    if not candidates:
+        raise ValueError(f"no measurements for task {task!r} and proposer {proposer!r}")
+    return max(candidates, key=lambda r: (r["tokens_per_s"], -r["gamma"]))["gamma"]
+    ### END SOLUTION

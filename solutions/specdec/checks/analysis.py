@@ -1,0 +1,94 @@
+"""Hidden-test checks for notebook 09 (reading a benchmark)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from specdec import analysis as ref
+from specdec.checks.core import CheckFailure, call, close, compare_cases, diagnose, fmt
+from specdec.engine import RoundStats
+from specdec.mistakes import for_exercise
+
+
+def _rounds_cases() -> list[tuple[str, tuple]]:
+    rng = random.Random(9)
+    cases = [("[4, 4, 4], gamma=4: every draft accepted", ([4, 4, 4], 4)),
+             ("[0, 0, 0], gamma=4: every first draft rejected", ([0, 0, 0], 4)),
+             ("[1, 4, 0], gamma=4", ([1, 4, 0], 4)),
+             ("[0, 1, 1, 0], gamma=1", ([0, 1, 1, 0], 1)),
+             ("[2], gamma=6", ([2], 6))]
+    for gamma in (3, 5, 8):
+        accepted = [min(gamma, int(rng.expovariate(0.4))) for _ in range(40)]
+        cases.append((f"40 rounds, gamma={gamma}: {accepted[:6]}...", (accepted, gamma)))
+    return cases
+
+
+def check_acceptance_from_rounds(fn: Callable) -> None:
+    compare_cases(fn, ref.acceptance_from_rounds, _rounds_cases(), rel=1e-9)
+
+
+def _round(proposed: int, accepted: int, draft_s: float, target_s: float) -> RoundStats:
+    return RoundStats(proposed, accepted, accepted + 1, draft_s, target_s, 0, 0)
+
+
+def check_measured_costs(fn: Callable) -> None:
+    rng = random.Random(3)
+    cases = [("one round: 4 drafts in 0.8 ms, verify 3 ms; step 2 ms", [_round(4, 2, 0.0008, 0.003)], 0.002),
+             ("two rounds of different lengths (a tree or lookup run)", [_round(4, 4, 0.0004, 0.002),
+                                                                       _round(2, 0, 0.0006, 0.004)], 0.002)]
+    rounds = [_round(g, rng.randint(0, g), g * rng.uniform(2e-4, 4e-4), rng.uniform(2e-3, 4e-3))
+              for g in [rng.randint(1, 6) for _ in range(30)]]
+    cases.append(("30 random rounds", rounds, 0.0025))
+    mistakes = for_exercise("measured_costs")
+    history = []
+    for desc, rounds, step in cases:
+        label = f"measured_costs({desc}, target_step_s={step})"
+        got = call(fn, label, rounds, step)
+        want = ref.measured_costs(rounds, step)
+        history.append(((rounds, step), got))
+        if not (isinstance(got, tuple) and len(got) == 2 and all(close(g, w, rel=1e-9) for g, w in zip(got, want))):
+            raise CheckFailure(f"{label}: expected (c, verify_ratio) = ({fmt(want[0])}, {fmt(want[1])}), got {got!r}."
+                               + diagnose(mistakes, history))
+
+
+def check_predicted_speedup(fn: Callable) -> None:
+    cases = [(f"a={a}, gamma={g}, c={c}" + (f", verify_ratio={v}" if v != 1.0 else ""), (a, g, c, v))
+             for a, g, c, v in [(0.8, 4, 0.1, 1.0), (0.0, 3, 0.05, 1.0), (1.0, 5, 0.1, 1.0), (0.6, 1, 0.2, 1.0),
+                                (0.9, 4, 0.12, 1.3), (1.0, 3, 0.0, 2.0), (0.75, 8, 0.02, 1.1)]]
+    compare_cases(fn, ref.predicted_speedup, cases, rel=1e-9)
+    got = call(fn, "predicted_speedup(0.8, 4, 0.1) (verify_ratio left out)", 0.8, 4, 0.1)
+    if not close(got, ref.predicted_speedup(0.8, 4, 0.1), rel=1e-9):
+        raise CheckFailure("predicted_speedup(0.8, 4, 0.1): verify_ratio must default to 1.0 (verifying costs one step)")
+
+
+def _rows(spec: list[tuple[str, str, int, float]]) -> list[dict]:
+    return [{"task": t, "proposer": p, "gamma": g, "tokens_per_s": s} for t, p, g, s in spec]
+
+
+def check_best_measured_gamma(fn: Callable) -> None:
+    rows = _rows([("code", "draft", 1, 400.0), ("code", "draft", 2, 480.0), ("code", "draft", 4, 510.0),
+                  ("code", "draft", 6, 505.0), ("math", "draft", 2, 600.0), ("math", "draft", 6, 720.0),
+                  ("math", "draft", 8, 720.0), ("code", "lookup", 5, 900.0), ("code", "lookup", 1, 350.0),
+                  ("math", "lookup", 2, 100.0)])
+    cases = [("code", "draft", 4), ("math", "draft", 6), ("code", "lookup", 5), ("math", "lookup", 2)]
+    mistakes = for_exercise("best_measured_gamma")
+    history = []
+    for task, proposer, want in cases:
+        label = f"best_measured_gamma(rows, {task!r}, {proposer!r})"
+        got = call(fn, label, rows, task, proposer)
+        history.append(((rows, task, proposer), got))
+        if got != want:
+            mine = [(r["gamma"], r["tokens_per_s"]) for r in rows if r["task"] == task and r["proposer"] == proposer]
+            raise CheckFailure(f"{label}: expected {want}, got {got!r}; the rows of this task and proposer, "
+                               f"(gamma, tokens/s): {mine}." + diagnose(mistakes, history))
+
+
+def check_code_vs_math(answer: object) -> None:
+    if answer not in ("a", "b", "c", "d"):
+        raise CheckFailure(f"CODE_VS_MATH must be one of 'a', 'b', 'c', 'd', got {answer!r}")
+    if answer != "c":
+        why = {"a": "both tasks use the same draft and target, so c is the same; the draft's cost does not differ",
+               "b": "prompt length changes the prefill, which both runs pay; the gap shows in decode_speedup too",
+               "d": "verification is exact for both tasks: identical outputs are checked in every row"}[answer]
+        raise CheckFailure(f"CODE_VS_MATH = {answer!r} is not it: {why}.")

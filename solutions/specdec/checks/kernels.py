@@ -1,0 +1,459 @@
+"""Hidden-test checks for notebook 08 (Triton kernels).
+
+Each check launches the learner's kernel through the package's launcher on cases chosen to
+break the usual kernel bugs (V not a multiple of the block, V smaller than one block, B = 1,
+ties, overflow, -inf, rows of every kind) and compares with the PyTorch reference. Inputs
+are views into buffers with a **guard region** after the data, filled with values that
+change the answer: a kernel that reads past the end of its tensor (an off-by-one mask)
+reads the guard and fails deterministically instead of reading whatever memory follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from specdec import kernels as ref
+from specdec.checks.core import CheckFailure
+from specdec.kernels import device
+from specdec.mistakes import for_exercise
+
+GUARD = 1024  # elements after each input: more than the largest block a check launches with
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No warnings on stderr from the interpreter's numpy (log(0), overflow): a graded cell must stay quiet."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def guarded(t: torch.Tensor, fill: float) -> torch.Tensor:
+    """A copy of t (on the kernels' device) with GUARD elements equal to fill before and after it in memory."""
+    buffer = torch.full((t.numel() + 2 * GUARD,), fill, dtype=t.dtype, device=device())
+    view = buffer[GUARD:GUARD + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def guard_intact(view: torch.Tensor, fill: float) -> bool:
+    """True when the guard regions around a guarded() tensor still hold fill (nothing stored out of bounds)."""
+    buffer = view._base
+    return bool((buffer[:GUARD] == fill).all() and (buffer[GUARD + view.numel():] == fill).all())
+
+
+_OUT_GUARD = -7  # guard value around outputs: a store outside the output changes it
+
+
+def expect_guards_intact(label: str, outputs: dict[str, torch.Tensor]) -> None:
+    for name, view in outputs.items():
+        if not guard_intact(view, _OUT_GUARD):
+            raise CheckFailure(f"{label}: the kernel stored outside {name} (a store without a mask, or with a wrong "
+                               f"one, writes into whatever memory follows; on a GPU it can crash)")
+
+
+def _is_kernel(fn: object) -> bool:
+    return hasattr(fn, "fn") and hasattr(fn, "__getitem__")
+
+
+def launch(kernel: Callable, name: str, label: str, run: Callable[[Callable], object]) -> object:
+    """run(kernel), with its exceptions turned into a failure that names the input."""
+    if not _is_kernel(kernel):
+        raise CheckFailure(f"{name} must be a Triton kernel: keep the @triton.jit line above def {name}")
+    try:
+        with quiet():
+            return run(kernel)
+    except Exception as err:  # the interpreter wraps the kernel's exception; the compiler reports it in its message
+        inner = err.__cause__ or err
+        if isinstance(inner, NotImplementedError) or "NotImplementedError" in str(err):
+            raise CheckFailure(f"{label}: not implemented yet (the skeleton still raises NotImplementedError)") from None
+        message = str(inner).strip().splitlines()
+        where = _kernel_line(inner, kernel)
+        raise CheckFailure(f"{label} raised {type(inner).__name__}{where}: {message[-1] if message else ''}"[:700]) from None
+
+
+def _kernel_line(err: BaseException, kernel: Callable) -> str:
+    """' at line N of <kernel>: <code>' for the innermost frame of the kernel's own code, if any."""
+    fn = getattr(kernel, "fn", None)
+    code = getattr(fn, "__code__", None)
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if code is not None and frame.filename == code.co_filename and frame.lineno >= code.co_firstlineno:
+            return f" at line {frame.lineno - code.co_firstlineno + 1} of {fn.__name__} ({(frame.line or '').strip()})"
+    return ""
+
+
+def hint(exercise: str, run: Callable[[Callable], object], got: object, agree: Callable[[object, object], bool]) -> str:
+    """The hint of the first catalogued mistake whose kernel gives the learner's output on this case."""
+    for mistake in for_exercise(exercise):
+        try:
+            with quiet():
+                wrong = run(mistake.fn)
+        except Exception:
+            continue
+        if agree(wrong, got):
+            return f" Likely mistake: {mistake.hint}"
+    return ""
+
+
+def _same_ints(a: object, b: object) -> bool:
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(_same_ints(x, y) for x, y in zip(a, b))
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+
+
+def _close(a: object, b: object, atol: float = 1e-4, rtol: float = 1e-4, equal_nan: bool = False) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and torch.allclose(a.cpu(), b.cpu(), atol=atol, rtol=rtol, equal_nan=equal_nan))
+
+
+def _same_floats(a: object, b: object) -> bool:
+    """Agreement of a mistake with the learner's output (NaN where NaN: the same bug)."""
+    return _close(a, b, rtol=1e-5, equal_nan=True)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(_show(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1:
+            return "[" + ", ".join(_show(row) for row in value) + "]"
+        return str([round(x, 5) if isinstance(x, float) else x for x in value.tolist()])
+    return repr(value)
+
+
+def expect_kernel(kernel: Callable, name: str, run: Callable[[Callable], object], expected: object, label: str) -> None:
+    """Visible test: run(kernel) gives expected (integer tensors exactly, float ones to 1e-4)."""
+    got = launch(kernel, name, label, run)
+    exact = isinstance(expected, tuple) or not expected.is_floating_point()
+    agree = _same_ints if exact else _same_floats
+    if not (agree(got, expected) if exact else _close(got, expected, rtol=1e-5)):
+        raise CheckFailure(f"{label}: expected {_show(expected)}, got {_show(got)}." + hint(name, run, got, agree))
+
+
+# -- race_kernel ----------------------------------------------------------------------------------------------------
+
+
+def race_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
+    """(description, w, e, BLOCK_V) for the race kernel."""
+    g = torch.Generator().manual_seed(8)
+    cases = []
+
+    def noise(B: int, V: int) -> torch.Tensor:
+        return ref.exponential_noise(B, V, generator=g)
+
+    w = torch.rand(3, 64, generator=g)
+    cases.append(("B = 3, V = 64 a multiple of BLOCK_V = 16", w, noise(3, 64), 16))
+    w = torch.rand(4, 100, generator=g)
+    w[0, 97] = w[1, 99] = w[2, 96] = 1e3  # the winner sits in the last, partial block
+    cases.append(("V = 100, BLOCK_V = 32: the winner in the last partial block", w, torch.ones(4, 100), 32))
+    w = torch.rand(2, 70, generator=g) * 0.5
+    w[0, 40] = w[0, 65] = w[1, 20] = w[1, 30] = 1.0  # equal maxima: across blocks in row 0, within one in row 1
+    cases.append(("ties, noise 1 (greedy argmax): the lowest column must win", w, torch.ones(2, 70), 32))
+    w = torch.rand(3, 48, generator=g)
+    w[1:, 0] = 1e3  # the first entry of the next row is the largest value anywhere
+    cases.append(("V = 48, BLOCK_V = 16: the next row starts with a huge weight", w, torch.ones(3, 48), 16))
+    w, e = torch.rand(1, 5, generator=g), noise(1, 5)
+    cases.append(("B = 1, V = 5 smaller than one block", w, e, 8))
+    w, e = torch.rand(3, 33, generator=g), noise(3, 33)
+    w[:, ::3] = 0.0
+    e[:, 1::4] = float("inf")  # weight 0 and infinite noise: scores 0, never NaN
+    cases.append(("V = 33, zero weights and infinite noise", w, e, 16))
+    w = torch.rand(8, 1000, generator=g)
+    cases.append(("B = 8, V = 1000, BLOCK_V = 128, random", w, noise(8, 1000), 128))
+    return cases
+
+
+def check_race_kernel(kernel: Callable) -> None:
+    for desc, w, e, block in race_cases():
+        label = f"race_kernel on {desc}"
+
+        outputs: dict[str, torch.Tensor] = {}
+
+        def run(k: Callable, w=w, e=e, block=block) -> torch.Tensor:
+            outputs["out"] = guarded(torch.full((w.shape[0],), -2), _OUT_GUARD)
+            return ref.race(guarded(w, 1e30), guarded(e, 1.0), block_v=block, kernel=k, out=outputs["out"]).cpu()
+
+        got = launch(kernel, "race_kernel", label, run)
+        expect_guards_intact(label, outputs)
+        expected = ref.race_reference(w, e)
+        if not _same_ints(got, expected):
+            row = int((got != expected).nonzero()[0, 0])
+            never = " (-2 means the kernel never stored out[b])" if int(got[row]) == -2 else ""
+            if int(got[row]) >= w.shape[1]:
+                never = f" (column {int(got[row])} >= V = {w.shape[1]}: a masked padding lane won)"
+            raise CheckFailure(f"{label}: row {row}: expected column {int(expected[row])} (score "
+                               f"{float(w[row, expected[row]] / e[row, expected[row]]):.4g}), got {int(got[row])}{never}."
+                               + hint("race_kernel", run, got, _same_ints))
+    expect_compiles(kernel, "race_kernel")
+
+
+# -- logsumexp_kernel -------------------------------------------------------------------------------------------
+
+
+def logsumexp_cases() -> list[tuple[str, torch.Tensor, int]]:
+    """(description, x, BLOCK_V) for the logsumexp kernel."""
+    g = torch.Generator().manual_seed(9)
+    inf = float("inf")
+    cases = [("B = 3, V = 64, BLOCK_V = 16", torch.randn(3, 64, generator=g), 16),
+             ("V = 100, BLOCK_V = 32 (a partial last block)", torch.randn(4, 100, generator=g), 32)]
+    x = torch.linspace(0, 20, 96).repeat(2, 1)
+    x[1] = x[1].flip(0)
+    cases.append(("logits rising across blocks (row 0) and falling (row 1), BLOCK_V = 32", x, 32))
+    cases.append(("large logits (around 500: exp overflows float32)", 500 + 3 * torch.randn(3, 80, generator=g), 32))
+    x = torch.randn(3, 90, generator=g)
+    x[0, :40] = -inf  # the first block and a bit of the second removed (top-k)
+    x[1, ::2] = -inf
+    x[2] = -inf  # every token removed
+    cases.append(("-inf logits: a whole first block, every other token, a whole row", x, 32))
+    x = torch.zeros(3, 48)
+    x[1:, 0] = 60.0  # the next row starts with a large logit
+    cases.append(("V = 48, BLOCK_V = 16: the next row starts with a large logit", x, 16))
+    cases.append(("B = 1, V = 1", torch.tensor([[3.5]]), 8))
+    cases.append(("B = 5, V = 1000, BLOCK_V = 128, random", 4 * torch.randn(5, 1000, generator=g), 128))
+    return cases
+
+
+def check_logsumexp_kernel(kernel: Callable) -> None:
+    for desc, x, block in logsumexp_cases():
+        label = f"logsumexp_kernel on {desc}"
+
+        outputs: dict[str, torch.Tensor] = {}
+
+        def run(k: Callable, x=x, block=block) -> torch.Tensor:
+            outputs["out"] = guarded(torch.full((x.shape[0],), float("nan")), _OUT_GUARD)
+            return ref.logsumexp(guarded(x, 100.0), block_v=block, kernel=k, out=outputs["out"]).cpu()
+
+        got = launch(kernel, "logsumexp_kernel", label, run)
+        expect_guards_intact(label, outputs)
+        expected = torch.logsumexp(x, -1)
+        if not _close(got, expected, rtol=1e-5):
+            row = int((~torch.isclose(got, expected, atol=1e-4, rtol=1e-5)).nonzero()[0, 0])
+            never = " (NaN can also mean the kernel never stored out[b])" if got[row].isnan() else ""
+            raise CheckFailure(f"{label}: row {row}: expected {float(expected[row]):.6g}, got {float(got[row]):.6g}"
+                               f"{never}." + hint("logsumexp_kernel", run, got, _same_floats))
+    expect_compiles(kernel, "logsumexp_kernel")
+
+
+# -- verify_chain_kernel ----------------------------------------------------------------------------------------
+
+
+def verify_inputs(B: int, gamma: int, V: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Rows of every kind: row 0 accepts everything (q = p), row 1 rejects its first draft
+    (p(draft) = 0 with u = 0: a <= test would accept it) and only that one, every third row from row 2 is
+    greedy (drafts mostly the argmax), the others sample with a draft close to the target."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(2 * torch.randn(B, gamma + 1, V, generator=g), -1)
+    q = torch.softmax(p[:, :gamma].log() + 0.7 * torch.randn(B, gamma, V, generator=g), -1)
+    q[0] = p[0, :gamma]
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, gamma)
+    u = torch.rand(B, gamma, generator=g)
+    if B > 1:
+        p[1, 0, draft[1, 0]] = 0.0
+        p[1, 0] /= p[1, 0].sum()
+        u[1, 0] = 0.0
+        q[1, 1:] = p[1, 1:gamma]  # and would accept every later draft
+    greedy = torch.arange(B) % 3 == 2
+    draft[greedy] = torch.where(torch.rand(int(greedy.sum()), gamma, generator=g) < 0.7,
+                                p[greedy, :gamma].argmax(-1), draft[greedy])
+    return p, q, draft, u, ref.exponential_noise(B, V, generator=g), greedy
+
+
+def verify_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
+    """(description, (p, q, draft, u, e, greedy), BLOCK_V) for the fused verifier."""
+    cases = [("B = 4, gamma = 3, V = 64, BLOCK_V = 16", verify_inputs(4, 3, 64, 1), 16),
+             ("B = 6, gamma = 2, V = 100, BLOCK_V = 32 (a partial last block)", verify_inputs(6, 2, 100, 2), 32),
+             ("B = 1, gamma = 1, V = 7 smaller than one block", verify_inputs(1, 1, 7, 3), 8)]
+    p, q, draft, u, e, greedy = verify_inputs(3, 2, 40, 4)  # greedy rows whose argmax is tied
+    p[:, :] = torch.full((40,), 0.5 / 38).index_put((torch.tensor([5, 30]),), torch.tensor(0.25))
+    greedy[:] = True
+    draft[0] = torch.tensor([5, 5])  # the lower tied index: accepted
+    draft[1] = torch.tensor([30, 5])  # the higher one: rejected, the correction is 5
+    draft[2] = torch.tensor([5, 7])
+    cases.append(("greedy rows with tied maxima at columns 5 and 30, BLOCK_V = 16", (p, q, draft, u, e, greedy), 16))
+    cases.append(("B = 5, gamma = 4, V = 48, BLOCK_V = 16 (rows end exactly at a block edge)",
+                  verify_inputs(5, 4, 48, 5), 16))
+    cases += [(f"B = 9, gamma = 4, V = 1000, BLOCK_V = 128, random (seed {s})", verify_inputs(9, 4, 1000, s), 128)
+              for s in (6, 7)]
+    return cases
+
+
+def _row_kind(args: tuple[torch.Tensor, ...], row: int, count: int) -> str:
+    gamma = args[2].shape[1]
+    kind = "greedy" if bool(args[5][row]) else "sampling"
+    return f"{kind} row, {'all drafts accepted' if count == gamma + 1 else f'first rejection at position {count - 1}'}"
+
+
+def check_verify_chain_kernel(kernel: Callable) -> None:
+    for desc, args, block in verify_cases():
+        label = f"verify_chain_kernel on {desc}"
+        p, q, draft, u, e, greedy = args
+
+        outputs: dict[str, torch.Tensor] = {}
+
+        def run(k: Callable, args=args, block=block) -> tuple[torch.Tensor, torch.Tensor]:
+            p, q, draft, u, e, greedy = args
+            outputs["tokens"] = guarded(torch.full((draft.shape[0], draft.shape[1] + 1), -2), _OUT_GUARD)
+            outputs["counts"] = guarded(torch.full((draft.shape[0],), -2), _OUT_GUARD)
+            tokens, counts = ref.verify_chain_fused(
+                guarded(p, 1.0), guarded(q, float("nan")), guarded(draft, 0), guarded(u, 0.5), guarded(e, 1e-30),
+                guarded(greedy, True), block_v=block, kernel=k, out=(outputs["tokens"], outputs["counts"]))
+            return tokens.cpu(), counts.cpu()
+
+        got = launch(kernel, "verify_chain_kernel", label, run)
+        expect_guards_intact(label, outputs)
+        want_tokens, want_counts = ref.verify_chain_reference(*args)
+        if not _same_ints(got, (want_tokens, want_counts)):
+            tokens, counts = got
+            row = int(((tokens != want_tokens).any(-1) | (counts != want_counts)).nonzero()[0, 0])
+            never = " (-2 marks an entry the kernel never stored)" if (tokens[row] == -2).any() or counts[row] == -2 else ""
+            raise CheckFailure(
+                f"{label}: row {row} ({_row_kind(args, row, int(want_counts[row]))}, drafts {draft[row].tolist()}): "
+                f"expected tokens {want_tokens[row].tolist()} and count {int(want_counts[row])}, got "
+                f"{tokens[row].tolist()} and {int(counts[row])}{never}."
+                + hint("verify_chain_kernel", run, got, _same_ints))
+    expect_compiles(kernel, "verify_chain_kernel")
+
+
+# -- tree_attention_kernel -------------------------------------------------------------------------------------
+
+
+def tree_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
+    """(description, (q, k, v, mask), BLOCK_K) for tree attention."""
+    from specdec.tree import DEFAULT_CHOICES, flatten_tree, tree_mask
+
+    g = torch.Generator().manual_seed(10)
+    small = tree_mask(flatten_tree([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]).parents)
+    default = tree_mask(flatten_tree(DEFAULT_CHOICES).parents)
+
+    def qkv(H: int, L: int, D: int, mask: torch.Tensor, size: float = 1.0) -> tuple[torch.Tensor, ...]:
+        N = mask.shape[0]
+        return (size * torch.randn(H, N, D, generator=g), size * torch.randn(H, L + N, D, generator=g),
+                torch.randn(H, L + N, D, generator=g), mask)
+
+    return [("H = 2, no prefix (L = 0), 6 nodes, D = 8, BLOCK_K = 4", qkv(2, 0, 8, small), 4),
+            ("H = 2, L = 10 (not a multiple of BLOCK_K = 8), 6 nodes, D = 16", qkv(2, 10, 16, small), 8),
+            ("H = 3, L = 21, the default 12-node tree, D = 24 (not a power of two), BLOCK_K = 16",
+             qkv(3, 21, 24, default), 16),
+            ("H = 2, L = 30, 12 nodes, D = 16, large scores (q and k times 12)", qkv(2, 30, 16, default, 12.0), 16),
+            ("H = 1, L = 70, 12 nodes, D = 32, BLOCK_K = 32", qkv(1, 70, 32, default), 32)]
+
+
+def check_tree_attention_kernel(kernel: Callable) -> None:
+    for desc, (q, k, v, mask), block in tree_cases():
+        label = f"tree_attention_kernel on {desc}"
+
+        outputs: dict[str, torch.Tensor] = {}
+
+        def run(kern: Callable, q=q, k=k, v=v, mask=mask, block=block) -> torch.Tensor:
+            outputs["out"] = guarded(torch.full(q.shape, float("nan")), _OUT_GUARD)
+            return ref.tree_attention(guarded(q, float("nan")), guarded(k, float("nan")), guarded(v, 1e4),
+                                      guarded(mask.to(torch.int8), 1), block_k=block, kernel=kern,
+                                      out=outputs["out"]).cpu()
+
+        got = launch(kernel, "tree_attention_kernel", label, run)
+        expect_guards_intact(label, outputs)
+        expected = ref.tree_attention_reference(q, k, v, mask)
+        if not _close(got, expected):
+            bad = (~torch.isclose(got, expected, atol=1e-4, rtol=1e-4)).any(-1).nonzero()[0].tolist()
+            h, i = bad
+            seen = mask[i].nonzero().flatten().tolist()
+            raise CheckFailure(f"{label}: head {h}, node {i} (sees the prefix and tree nodes {seen}): expected "
+                               f"{_head(expected[h, i])}, got {_head(got[h, i])}."
+                               + hint("tree_attention_kernel", run, got, _same_floats))
+    expect_compiles(kernel, "tree_attention_kernel")
+
+
+def _head(row: torch.Tensor) -> str:
+    return "[" + ", ".join(f"{x:.4g}" for x in row[:4].tolist()) + (", ...]" if len(row) > 4 else "]")
+
+
+# -- would it compile on a GPU? ---------------------------------------------------------------------------------
+
+#: Argument types and compile-time constants the launchers use, per kernel (a Hopper GPU as the target).
+SIGNATURES = {
+    "race_kernel": ({"w_ptr": "*fp32", "e_ptr": "*fp32", "out_ptr": "*i64", "V": "i32", "BLOCK_V": "constexpr"},
+                    {"BLOCK_V": 1024}),
+    "logsumexp_kernel": ({"x_ptr": "*fp32", "out_ptr": "*fp32", "V": "i32", "BLOCK_V": "constexpr"}, {"BLOCK_V": 1024}),
+    "verify_chain_kernel": ({"p_ptr": "*fp32", "q_ptr": "*fp32", "draft_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32",
+                             "greedy_ptr": "*i32", "tokens_ptr": "*i64", "counts_ptr": "*i64", "V": "i32",
+                             "GAMMA": "constexpr", "BLOCK_V": "constexpr"}, {"GAMMA": 4, "BLOCK_V": 1024}),
+    "tree_attention_kernel": ({"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "mask_ptr": "*i8", "out_ptr": "*fp32",
+                               "N": "i32", "L": "i32", "D": "i32", "scale": "fp32", "BLOCK_K": "constexpr",
+                               "BLOCK_D": "constexpr"}, {"BLOCK_K": 64, "BLOCK_D": 64}),
+}
+
+# Runs in a fresh interpreter with TRITON_INTERPRET=0: Triton's front end turns the kernel into
+# its GPU intermediate representation (TTIR) for an sm_90 target, with no GPU needed. What the
+# interpreter forgives and the compiler does not (a loop variable that changes type, break,
+# Python objects in the kernel) fails here.
+_COMPILE = r"""
+import json, linecache, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+request = json.load(sys.stdin)
+try:
+    import triton, triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+except Exception as err:  # no NVIDIA back end in this Triton build: nothing to check
+    print(json.dumps({"skipped": repr(err)})); sys.exit(0)
+name = "<" + request["name"] + ">"
+linecache.cache[name] = (len(request["source"]), None, request["source"].splitlines(True), name)
+namespace = {"triton": triton, "tl": tl}
+try:
+    exec(compile(request["source"], name, "exec"), namespace)
+except NameError as err:  # the kernel's cell uses names from elsewhere in the notebook: cannot check alone
+    print(json.dumps({"skipped": repr(err)})); sys.exit(0)
+signature, constants = request["signature"], request["constants"]
+source = ASTSource(namespace[request["name"]], signature, {(list(signature).index(k),): v for k, v in constants.items()})
+target = GPUTarget("cuda", 90, 32)
+backend = CUDABackend(target)
+options = backend.parse_options({})
+context = ir.context(); ir.load_dialects(context); backend.load_dialects(context)
+try:
+    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+except Exception as err:
+    message = str(err)
+    if "is not defined" in message:  # a helper defined in another cell: cannot check alone
+        print(json.dumps({"skipped": message[-300:]})); sys.exit(0)
+    print(json.dumps({"error": message.strip()[-1200:]})); sys.exit(0)
+print(json.dumps({"ok": True}))
+"""
+
+
+def compile_error(kernel: Callable, name: str) -> str | None:
+    """Why Triton's compiler front end rejects the kernel for a GPU, or None (also when it cannot tell)."""
+    import inspect
+    import os
+
+    try:
+        source = inspect.getsource(kernel.fn)
+    except (OSError, TypeError):
+        return None
+    signature, constants = SIGNATURES[name]
+    request = json.dumps({"name": kernel.fn.__name__, "source": source, "signature": signature, "constants": constants})
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    try:
+        done = subprocess.run([sys.executable, "-c", _COMPILE], input=request, capture_output=True, text=True,
+                              timeout=120, env=env)
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        return None
+    return answer.get("error")
+
+
+def expect_compiles(kernel: Callable, name: str) -> None:
+    error = compile_error(kernel, name)
+    if error:
+        raise CheckFailure(f"{name} gives the right answers in the interpreter, but Triton's compiler rejects it for a "
+                           f"GPU (the interpreter runs plain Python and forgives more). The compiler says:\n{error}")
