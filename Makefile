@@ -12,7 +12,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test release grade models bench bench-kernels clean distclean
+.PHONY: help setup lab test release grade models bench bench-notebook bench-kernels clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
@@ -21,6 +21,7 @@ help:
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target and draft models into data/models/ (about 45 min on 2 cores)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
+	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
 	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
 
@@ -51,6 +52,9 @@ models: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec.bench --hf
+
+bench-notebook: $(STAMP)
+	$(BIN)/python -m specdec.bench --notebook-reference data/bench/nb09_full.json
 
 bench-kernels: $(STAMP)
 	$(BIN)/python -m specdec.bench_kernels

@@ -31,7 +31,13 @@ def nbgrader_meta(cell) -> dict:
 
 
 def graded_cells(nb) -> list:
-    return [c for c in nb.cells if nbgrader_meta(c).get("grade")]
+    """The autograded test cells (locked code cells with points)."""
+    return [c for c in nb.cells if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")]
+
+
+def manual_cells(nb) -> list:
+    """Written answers an instructor grades (nbgrader's "manually graded answer" cells)."""
+    return [c for c in nb.cells if nbgrader_meta(c).get("grade") and nbgrader_meta(c).get("solution")]
 
 
 def split_hidden(source: str) -> tuple[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, rejection, tree
+from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, tree
 from specdec.checks import CheckFailure, expect_close, expect_equal
 from specdec.checks import analysis as analysis_checks
 from specdec.checks import chain as chain_checks
@@ -13,6 +13,7 @@ from specdec.checks import greedy as greedy_checks
 from specdec.checks import kernels as kernel_checks
 from specdec.checks import ledger as ledger_checks
 from specdec.checks import lookup as lookup_checks
+from specdec.checks import pitfalls as pitfall_checks
 from specdec.checks import rejection as rejection_checks
 from specdec.checks import tree as tree_checks
 from specdec.mistakes import catalogue, for_exercise
@@ -63,12 +64,22 @@ RUN_CHECK = {
     "measured_costs": (analysis.measured_costs, analysis_checks.check_measured_costs),
     "predicted_speedup": (analysis.predicted_speedup, analysis_checks.check_predicted_speedup),
     "best_measured_gamma": (analysis.best_measured_gamma, analysis_checks.check_best_measured_gamma),
+    "draft_propose": (pitfalls.draft_propose, pitfall_checks.check_draft_propose),
+    "draft_token_probs": (pitfalls.draft_token_probs, pitfall_checks.check_draft_token_probs),
+    "accept_drafts": (pitfalls.accept_drafts, pitfall_checks.check_accept_drafts),
+    "accepted_counts": (pitfalls.accepted_counts, pitfall_checks.check_accepted_counts),
+    "residual": (pitfalls.residual, pitfall_checks.check_residual),
+    "correction_token": (pitfalls.correction_token, pitfall_checks.check_correction_token),
+    "bonus_token": (pitfalls.bonus_token, pitfall_checks.check_bonus_token),
+    "verify_logits": (pitfalls.verify_logits, pitfall_checks.check_verify_logits),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {
     # notebooks 05-06: the checks replay recorded forwards and explain in their own words
     "target_only_generate", "propose", "rollback", "speculative_generate", "propose_ngram", "find_match_vectorised",
-    "lookup_generate", "verify_tree_sampling", "compact_cache"}
+    "lookup_generate", "verify_tree_sampling", "compact_cache",
+    # notebook 10: sampling checks (seeded Monte Carlo), host syncs and recorded forwards
+    "draft_propose", "accepted_counts", "correction_token", "bonus_token", "verify_logits"}
 MISTAKES = catalogue()
 ID = lambda m: f"{m.exercise}-{m.name}"  # noqa: E731
 

@@ -14,7 +14,7 @@ import io
 import pytest
 from conftest import nbgrader_meta, read, source_path
 
-from specdec.mistakes import chain, engine, greedy, kernels, ledger, lookup, rejection, tree
+from specdec.mistakes import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, tree
 
 CATALOGUES = {
     "01_cost_ledger": ledger.MISTAKES,
@@ -25,6 +25,8 @@ CATALOGUES = {
     "06_prompt_lookup": lookup.MISTAKES,
     "07_tree_attention": tree.MISTAKES,
     "08_gpu_kernels": kernels.MISTAKES,
+    "09_benchmark": analysis.MISTAKES,
+    "10_pitfalls_interview": pitfalls.MISTAKES,
 }
 
 

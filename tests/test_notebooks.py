@@ -10,7 +10,7 @@ import pkgutil
 import re
 
 import pytest
-from conftest import SLUGS, graded_cells, nbgrader_meta, read, source_path, split_hidden, student_path
+from conftest import SLUGS, graded_cells, manual_cells, nbgrader_meta, read, source_path, split_hidden, student_path
 
 import specdec
 from specdec.release import build_student_notebooks, comparable_cells
@@ -37,7 +37,9 @@ def test_source_notebook_is_well_formed(slug):
         assert meta["schema_version"] == 3 and GRADE_ID.match(meta["grade_id"])
         if meta.get("solution"):
             assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source, meta["grade_id"]
-        if meta.get("grade"):
+        if meta.get("grade") and meta.get("solution"):  # a written answer: markdown, its rubric in the solution
+            assert cell.cell_type == "markdown" and meta.get("points", 0) > 0, meta["grade_id"]
+        elif meta.get("grade"):
             assert meta.get("locked") and meta.get("points", 0) > 0, meta["grade_id"]
 
 
@@ -121,7 +123,11 @@ def test_solution_cells_equal_the_package(slug):
 def test_source_notebook_scores_full_marks(roundtrip, slug):
     grades = roundtrip[slug, "solution"]
     assert grades, f"{slug}: no graded cells in the gradebook"
+    manual = {nbgrader_meta(c)["grade_id"] for c in manual_cells(read(source_path(slug)))}
     for g in grades:
+        if g.grade_id in manual:  # reported for an instructor, never scored automatically
+            assert g.needs_manual_grade, f"{slug}/{g.grade_id}: a written answer was graded automatically"
+            continue
         assert g.score == g.max_score, f"{slug}/{g.grade_id}: solution scored {g.score}/{g.max_score}: {g.message}"
 
 
@@ -129,7 +135,8 @@ def test_source_notebook_scores_full_marks(roundtrip, slug):
 @pytest.mark.parametrize("slug", SLUGS)
 def test_blank_student_notebook_scores_zero(roundtrip, slug):
     grades = roundtrip[slug, "blank"]
-    assert len(grades) == len(graded_cells(read(source_path(slug))))
+    manual = {nbgrader_meta(c)["grade_id"] for c in manual_cells(read(source_path(slug)))}
+    assert len(grades) == len(graded_cells(read(source_path(slug)))) + len(manual)
     for g in grades:
         assert g.score == 0, f"{slug}/{g.grade_id}: the blank skeleton scored {g.score}: the test cannot fail"
-        assert not g.needs_manual_grade
+        assert g.needs_manual_grade == (g.grade_id in manual), f"{slug}/{g.grade_id}"

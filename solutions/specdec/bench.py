@@ -188,6 +188,21 @@ def _int_gammas(result: dict) -> dict:
     return result
 
 
+def summary(result: dict) -> dict:
+    """A notebook_sweep result without the per-round lists, with the per-position acceptance of each
+    chain row instead: small enough to ship in data/ as the course's reference measurement."""
+    from specdec.analysis import acceptance_from_rounds
+
+    rows = []
+    for row in result["rows"]:
+        row = dict(row)
+        rounds = row.pop("rounds")
+        if row["proposer"] in ("draft", "lookup"):
+            row["per_position_acceptance"] = round(acceptance_from_rounds([r["accepted"] for r in rounds], row["gamma"]), 4)
+        rows.append(row)
+    return {"config": result["config"], "costs": result["costs"], "rows": rows}
+
+
 def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats: int, with_hf: bool) -> tuple[list[dict], dict]:
     target, draft = load_pair(models)
     engine = SpeculativeEngine(target, draft)
@@ -288,7 +303,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)")
     parser.add_argument("--hf", action="store_true", help="also run transformers' assisted generation and prompt lookup")
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "bench", help="folder for json, csv and png")
+    parser.add_argument("--notebook-reference", type=Path, metavar="JSON",
+                        help="instead: run notebook 09's full sweep and write its summary here "
+                             "(the course ships data/bench/nb09_full.json)")
     args = parser.parse_args(argv)
+    if args.notebook_reference:
+        torch.set_num_threads(args.threads)
+        start = time.perf_counter()
+        reference = summary(notebook_sweep("full", args.models))
+        reference["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} CPU threads"
+        reference["seconds"] = round(time.perf_counter() - start)
+        args.notebook_reference.parent.mkdir(parents=True, exist_ok=True)
+        args.notebook_reference.write_text(json.dumps(reference, indent=1))
+        print(f"wrote {args.notebook_reference} in {reference['seconds']} s")
+        return 0
     if any(g < 1 for g in args.gammas):
         parser.error(f"every gamma must be >= 1, got {args.gammas}")
     for name in ("prompts", "tokens", "repeats", "threads"):
@@ -302,9 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    summary = {"rows": rows, "costs": costs, "peak_rss_mib": round(peak_mib, 1), "threads": args.threads,
-               "prompts_per_task": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
-    (args.out / "bench.json").write_text(json.dumps(summary, indent=1))
+    report = {"rows": rows, "costs": costs, "peak_rss_mib": round(peak_mib, 1), "threads": args.threads,
+              "prompts_per_task": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
+    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
     with open(args.out / "bench.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()

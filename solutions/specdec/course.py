@@ -159,7 +159,7 @@ def read_grades(course_root: Path, slug: str, student: str) -> list[CellGrade]:
                 CellGrade(
                     notebook=slug,
                     grade_id=grade.name,
-                    score=float(grade.score),
+                    score=float(grade.score or 0.0),
                     max_score=float(grade.max_score),
                     needs_manual_grade=bool(grade.needs_manual_grade),
                     message=messages.get(grade.name, ""),

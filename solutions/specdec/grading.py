@@ -120,7 +120,7 @@ def _short(message: str) -> str:
 def format_table(results: list[Result]) -> str:
     """The report a learner reads: one row per exercise, then the total."""
     rows = [("notebook", "exercise", "points", "what failed (full messages in the HTML feedback)")]
-    total = possible = 0.0
+    total = possible = manual = 0.0
     ungraded = []
     for slug, cells in results:
         if isinstance(cells, str):
@@ -129,16 +129,19 @@ def format_table(results: list[Result]) -> str:
             continue
         for cell in cells:
             exercise = cell.grade_id.removesuffix("_test")
-            points = f"{cell.score:g} / {cell.max_score:g}"
-            status = "needs manual grading" if cell.needs_manual_grade else _short(cell.message)
-            rows.append((slug, exercise, points, status))
+            if cell.needs_manual_grade:  # a written answer: an instructor grades it
+                rows.append((slug, exercise, f"? / {cell.max_score:g}", "needs manual grading (a written answer)"))
+                manual += cell.max_score
+                continue
+            rows.append((slug, exercise, f"{cell.score:g} / {cell.max_score:g}", _short(cell.message)))
             total += cell.score
             possible += cell.max_score
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}".rstrip() for r in rows]
     lines.insert(1, "-" * min(max(len(line) for line in lines), sum(widths) + 6 + MESSAGE_WIDTH // 2))
     not_graded = f" (not graded: {', '.join(ungraded)})" if ungraded else ""
-    lines.append(f"total: {total:g} / {possible:g} points{not_graded}")
+    by_hand = f", plus {manual:g} points of written answers for an instructor to grade" if manual else ""
+    lines.append(f"total: {total:g} / {possible:g} points{by_hand}{not_graded}")
     return "\n".join(lines)
 
 

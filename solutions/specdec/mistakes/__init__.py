@@ -24,7 +24,7 @@ class Mistake:
 
 
 #: The modules of the catalogue, one per notebook.
-MODULES = ("ledger", "greedy", "rejection", "chain", "engine", "lookup", "tree", "kernels", "analysis")
+MODULES = ("ledger", "greedy", "rejection", "chain", "engine", "lookup", "tree", "kernels", "analysis", "pitfalls")
 
 
 def catalogue() -> list[Mistake]:

@@ -1,0 +1,205 @@
+"""Hidden-test checks for notebook 10 (the pitfalls clinic and the interview drill)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from specdec import ledger
+from specdec import pitfalls as ref
+from specdec.checks.core import CheckFailure, call, close, diagnose, expect_no_loop_over, fmt, torch_function_names
+from specdec.checks.engine import tiny_pair
+from specdec.checks.stats import compare_frequencies
+from specdec.engine import RecordingModel, SamplingParams
+from specdec.mistakes import for_exercise
+from specdec.model import KVCache
+from specdec.tables import load_gpus, load_models
+
+
+def _hint(name: str, args: tuple, got: object) -> str:
+    return diagnose(for_exercise(name), [(args, got)])
+
+
+def _tensor(label: str, got: object, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
+        raise CheckFailure(f"{label}: return a tensor of shape {shape}, got {got!r}"[:400])
+    return got
+
+
+def check_draft_propose(fn: Callable) -> None:
+    """Whatever the draft does, its tokens must follow the q it reports (seeded Monte Carlo)."""
+    g = torch.Generator().manual_seed(1)
+    n = 4000
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4),
+                   SamplingParams(temperature=1.3, top_p=0.8), SamplingParams()):
+        row = 2 * torch.randn(1, 6, generator=g)
+        label = f"draft_propose(logits, {params})"
+        got = call(fn, label, row.expand(n, -1), params, torch.Generator().manual_seed(2))
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(f"{label}: return (tokens, q), got {got!r}"[:300])
+        tokens, q = _tensor(label + " tokens", got[0], (n,)), _tensor(label + " q", got[1], (n, 6)).double()
+        if (q < 0).any() or not torch.allclose(q.sum(-1), torch.ones(n, dtype=q.dtype)) or not torch.equal(q, q[:1].expand(n, -1)):
+            raise CheckFailure(f"{label}: q must be a probability distribution per row (the same for identical logits), "
+                               f"got rows like {[round(x, 4) for x in q[0].tolist()]}")
+        compare_frequencies(tokens.tolist(), {i: float(x) for i, x in enumerate(q[0])}, label + ": the tokens against q",
+                            "q must be the distribution the tokens were actually drawn from: the verifier's min(1, p/q) "
+                            "relies on it." + _hint("draft_propose", (row.expand(n, -1), params, None), got))
+
+
+def check_draft_token_probs(fn: Callable) -> None:
+    g = torch.Generator().manual_seed(3)
+    for B, gamma, V in ((1, 3, 5), (4, 3, 7), (5, 1, 4)):
+        probs = torch.softmax(torch.randn(B, gamma, V, generator=g, dtype=torch.float64), -1)
+        drafts = torch.randint(0, V, (B, gamma), generator=g)
+        label = f"draft_token_probs(probs {tuple(probs.shape)}, drafts {tuple(drafts.shape)})"
+        got = _tensor(label, call(fn, label, probs, drafts), (B, gamma))
+        want = ref.draft_token_probs(probs, drafts)
+        if not torch.allclose(got.double(), want):
+            b = int((~torch.isclose(got.double(), want)).any(-1).nonzero()[0, 0])
+            raise CheckFailure(f"{label}: row {b}: expected {[round(x, 4) for x in want[b].tolist()]}, got "
+                               f"{[round(x, 4) for x in got[b].tolist()]}." + _hint("draft_token_probs", (probs, drafts), got))
+
+
+def check_accept_drafts(fn: Callable) -> None:
+    g = torch.Generator().manual_seed(4)
+    p = torch.rand(6, 4, generator=g, dtype=torch.float64)
+    q = torch.rand(6, 4, generator=g, dtype=torch.float64)
+    u = torch.rand(6, 4, generator=g, dtype=torch.float64)
+    p[0, 0], u[0, 0] = 0.0, 0.0  # a token the target never produces, and a uniform of exactly 0
+    p[1, 1], u[1, 1] = q[1, 1], 0.999  # p == q: always accepted
+    label = "accept_drafts(p_draft, q_draft, u) with u = 0 where p = 0"
+    got = _tensor(label, call(fn, label, p, q, u), (6, 4))
+    want = ref.accept_drafts(p, q, u)
+    if got.dtype != torch.bool or not torch.equal(got, want):
+        b, i = (got != want).nonzero()[0].tolist() if got.dtype == torch.bool else (0, 0)
+        raise CheckFailure(f"{label}: entry ({b}, {i}) with p = {p[b, i]:.4g}, q = {q[b, i]:.4g}, u = {u[b, i]:.4g} "
+                           f"should be {bool(want[b, i])} (a bool tensor)." + _hint("accept_drafts", (p, q, u), got))
+
+
+def check_accepted_counts(fn: Callable) -> None:
+    g = torch.Generator().manual_seed(5)
+    cases = [torch.tensor([[True, True, False, True], [False, True, True, True], [True, True, True, True]]),
+             torch.rand(7, 5, generator=g) < 0.7, torch.ones(1, 1, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool)]
+    history = []
+    for accept in cases:
+        label = f"accepted_counts({accept.long().tolist()})"
+        got = call(fn, label, accept)
+        history.append(((accept,), got))
+        want = ref.accepted_counts(accept)
+        if not isinstance(got, torch.Tensor) or not torch.equal(got.long(), want):
+            raise CheckFailure(f"{label}: expected {want.tolist()}, got {got!r}." + diagnose(for_exercise("accepted_counts"), history))
+    names = torch_function_names(fn, cases[1])
+    syncs = names & {"item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu"}
+    if syncs:
+        raise CheckFailure(f"accepted_counts calls {sorted(syncs)}: each one copies a value to the host and waits for "
+                           f"the GPU (a host sync per position). Compute the counts with tensor operations.")
+    expect_no_loop_over(fn, "accepted_counts", (torch.ones(2, 3, dtype=torch.bool),),
+                        (torch.ones(6, 7, dtype=torch.bool),), "rows or positions")
+
+
+def check_residual(fn: Callable) -> None:
+    g = torch.Generator().manual_seed(6)
+    p = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
+    q[2] = p[2]  # nothing left over: the residual is all zero
+    label = "residual(p, q) where row 2 has p == q"
+    got = _tensor(label, call(fn, label, p, q), (4, 5))
+    want = ref.residual(p, q)
+    if not torch.allclose(got.double(), want):
+        b = int((~torch.isclose(got.double(), want, equal_nan=False)).any(-1).nonzero()[0, 0])
+        raise CheckFailure(f"{label}: row {b}: expected {[round(x, 4) for x in want[b].tolist()]}, got "
+                           f"{[round(x, 4) for x in got[b].tolist()]}." + _hint("residual", (p, q), got))
+
+
+def check_correction_token(fn: Callable) -> None:
+    g = torch.Generator().manual_seed(7)
+    p = torch.softmax(torch.randn(1, 5, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(1, 5, generator=g, dtype=torch.float64), -1)
+    n = 5000
+    label = "correction_token(p, q) over 5000 rows"
+    got = _tensor(label, call(fn, label, p.expand(n, -1), q.expand(n, -1), torch.Generator().manual_seed(8)), (n,))
+    want = ref.residual(p, q)[0]
+    compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(want)}, label,
+                        "After a rejection, sample from the residual max(p - q, 0), normalised: the draft's tokens were "
+                        "already offered with probability min(p, q).")
+
+
+def check_bonus_token(fn: Callable) -> None:
+    g = torch.Generator().manual_seed(9)
+    p = torch.softmax(torch.randn(1, 6, generator=g, dtype=torch.float64), -1)
+    n = 5000
+    label = "bonus_token(p_last) over 5000 rows"
+    got = _tensor(label, call(fn, label, p.expand(n, -1), torch.Generator().manual_seed(10)), (n,))
+    compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(p[0])}, label,
+                        "While sampling, the bonus token is a sample from p, not its argmax.")
+
+
+def check_verify_logits(fn: Callable) -> None:
+    target, _ = tiny_pair()
+    g = torch.Generator().manual_seed(11)
+    sequence = torch.randint(0, target.config.vocab_size, (20,), generator=g).tolist()
+    drafts = torch.randint(0, target.config.vocab_size, (3,), generator=g).tolist()
+    cache = KVCache(target.config)
+    with torch.inference_mode():
+        target(torch.tensor([sequence[:-1]]), cache)
+        want = target(torch.tensor([sequence + drafts]))[0, -4:]
+    recorder = RecordingModel(target)
+    label = "verify_logits(target, cache holding 19 positions, a 20-token sequence, 3 drafts)"
+    with torch.inference_mode():
+        got = call(fn, label, recorder, cache, sequence, drafts)
+    got = _tensor(label, got, (4, target.config.vocab_size))
+    if not torch.allclose(got, want, atol=1e-4):
+        raise CheckFailure(f"{label}: the logits differ from a full forward's last 4 positions (max difference "
+                           f"{(got - want).abs().max():.3g})." + _hint("verify_logits", (target, cache, sequence, drafts), got))
+    fed = [len(c.tokens) for c in recorder.calls]
+    if fed != [4] or recorder.calls[0].cache_len != 19 or cache.length != 23:
+        raise CheckFailure(f"{label}: the target was fed {fed} tokens (cache length {cache.length} afterwards); feed only "
+                           f"the last committed token and the 3 drafts (4 tokens) through the cache, which then holds "
+                           f"23 positions. Recomputing the whole sequence every round costs O(length) per round instead "
+                           f"of O(gamma).")
+
+
+# -- the interview drill -----------------------------------------------------------------------------------------
+
+
+def _number(name: str, got: object, want: float, rel: float, why: str) -> None:
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise CheckFailure(f"{name} must be a number, got {got!r}")
+    if not close(got, want, rel=rel):
+        raise CheckFailure(f"{name} = {fmt(got)} is not it (the answer is within {rel:.0%} of the exact value). {why}")
+
+
+def check_drill_numbers(answers: dict) -> None:
+    """TOKENS_PER_S_CAP, EXPECTED_TOKENS, SPEEDUP, DISCARDED, ACCEPTANCE: see notebook 10."""
+    if not isinstance(answers, dict):
+        raise CheckFailure(f"expected a dict of answers, got {answers!r}")
+    model, gpu = load_models()["llama-2-7b"], load_gpus()["H100 SXM"]
+    cap = ledger.tokens_per_s_cap(ledger.count_params(model), 2, gpu.bandwidth)
+    _number("TOKENS_PER_S_CAP", answers.get("TOKENS_PER_S_CAP"), cap, 0.03,
+            "Each decoded token reads every weight once: parameters x 2 bytes / bandwidth is the floor per token.")
+    _number("EXPECTED_TOKENS", answers.get("EXPECTED_TOKENS"), ledger.expected_tokens_per_round(0.8, 4), 0.005,
+            "E = (1 - a^(gamma + 1)) / (1 - a): the accepted drafts plus the one token the target always adds.")
+    _number("SPEEDUP", answers.get("SPEEDUP"), ledger.speedup(0.8, 4, 0.05), 0.005,
+            "S = E / (1 + gamma c).")
+    _number("DISCARDED", answers.get("DISCARDED"), 3, 0.0,
+            "The verify forward wrote gamma + 1 = 6 entries after the 99 cached ones; only the last committed token "
+            "stays out of the cache.")
+    _number("ACCEPTANCE", answers.get("ACCEPTANCE"), 0.7, 0.005, "The acceptance rate is sum over x of min(p(x), q(x)).")
+
+
+def check_drill_choices(answers: dict) -> None:
+    """LARGE_BATCH, TEMPERATURES: multiple choice, see notebook 10."""
+    why = {("LARGE_BATCH", "a"): "acceptance depends on the models and the text, not on the batch size",
+           ("LARGE_BATCH", "c"): "rollback is bookkeeping (crop or a counter); nothing is copied",
+           ("LARGE_BATCH", "d"): "the draft's cost per token does not grow with the batch faster than the target's",
+           ("TEMPERATURES", "b"): "exactness needs q to be what the draft sampled from and p the target's distribution "
+                                  "under the request's parameters; the draft's own temperature only changes acceptance",
+           ("TEMPERATURES", "c"): "greedy verification of a sampling request is the bug here, not the temperatures",
+           ("TEMPERATURES", "d"): "the output distribution does not depend on the draft at all when q is right"}
+    for name, right in (("LARGE_BATCH", "b"), ("TEMPERATURES", "a")):
+        got = answers.get(name) if isinstance(answers, dict) else None
+        if got not in ("a", "b", "c", "d"):
+            raise CheckFailure(f"{name} must be 'a', 'b', 'c' or 'd', got {got!r}")
+        if got != right:
+            raise CheckFailure(f"{name} = {got!r} is not it: {why[name, got]}.")

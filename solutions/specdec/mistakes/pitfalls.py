@@ -1,0 +1,65 @@
+"""Known-wrong answers to the exercises of notebook 10: the shipped decoder's bugs
+(``specdec.buggy_decoder``) and a few tempting half-fixes."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec import buggy_decoder as shipped
+from specdec.mistakes import Mistake
+
+
+def _q_from_raw_logits(logits, params, generator=None):
+    token = torch.multinomial(params.probs(logits), 1, generator=generator)[:, 0]
+    return token, torch.softmax(logits.double(), -1)
+
+
+def _counts_all_accepted(accept):
+    return accept.long().sum(-1)
+
+
+def _residual_zeros(p, q):
+    r = (p - q).clamp_min(0)
+    return torch.nan_to_num(r / r.sum(-1, keepdim=True))
+
+
+def _correction_abs(p, q, generator=None):
+    return torch.multinomial((p - q).abs(), 1, generator=generator)[:, 0]
+
+
+def _drafts_only(target, cache, sequence, drafts):
+    return target(torch.tensor([drafts]), cache)[0]
+
+
+MISTAKES = [
+    Mistake("draft_propose", "greedy_softmax_q", shipped.draft_propose,
+            "a draft that always proposes its argmax has a one-hot q; reporting the sampling distribution instead makes "
+            "the verifier accept with min(1, p/q) a token that is proposed every time: sample the token from q, or "
+            "report the one-hot q"),
+    Mistake("draft_propose", "q_from_raw_logits", _q_from_raw_logits,
+            "q must be the distribution the token was drawn from, after temperature, top-k and top-p "
+            "(params.probs(logits)), not the softmax of the raw logits"),
+    Mistake("draft_token_probs", "batch_one_indexing", shipped.draft_token_probs,
+            "index every row with its own drafts (gather along the vocabulary), not row 0's"),
+    Mistake("accept_drafts", "accept_on_equality", shipped.accept_drafts,
+            "accept when u * q < p, strictly: a float32 uniform is exactly 0 about once in 2^24 draws, and "
+            "0 <= 0 accepts a token the target gives probability 0"),
+    Mistake("accepted_counts", "item_per_position", shipped.accepted_counts,
+            "no Python loop and no .item(): cumprod along the drafts, then sum"),
+    Mistake("accepted_counts", "counts_every_acceptance", _counts_all_accepted,
+            "count the drafts before the FIRST rejection (cumprod, then sum), not every accepted draft"),
+    Mistake("residual", "no_zero_guard", shipped.residual,
+            "when p == q the residual is all zero and 0 / 0 is NaN: return p for those rows"),
+    Mistake("residual", "zeros_instead_of_p", _residual_zeros,
+            "a row with nothing left over must still be a distribution (sampling from all zeros fails): return p there"),
+    Mistake("correction_token", "resample_from_p", shipped.correction_token,
+            "after a rejection, sample from the residual max(p - q, 0), not from p"),
+    Mistake("correction_token", "absolute_difference", _correction_abs,
+            "the residual is max(p - q, 0), not |p - q|"),
+    Mistake("bonus_token", "bonus_argmax", shipped.bonus_token,
+            "while sampling, the bonus is a sample from p, not its argmax"),
+    Mistake("verify_logits", "no_cache", shipped.verify_logits,
+            "feed only the last committed token and the drafts through the cache"),
+    Mistake("verify_logits", "drafts_only", _drafts_only,
+            "feed the last committed token too: its logits score the first draft, and the cache needs its K and V"),
+]
