@@ -49,3 +49,30 @@ def test_bench_prompt_longer_than_context(tmp_path, capsys):
         save(Llama(config), tmp_path / "m" / f"{name}.safetensors")
     assert main(["--models", str(tmp_path / "m"), "--prompts", "1", "--tokens", "8", "--out", str(tmp_path / "o")]) == 2
     assert "exceed the target's context of 64" in capsys.readouterr().err
+
+
+def test_notebook_sweep_measures_once_then_reads_its_cache(models, tmp_path, monkeypatch):
+    import specdec.bench as bench
+
+    monkeypatch.setitem(bench.WORKLOADS, "tiny", {"prompts": 1, "tokens": 6, "gammas": [2], "repeats": 1})
+    cache = tmp_path / "cache" / "tiny.json"
+    first = bench.notebook_sweep("tiny", models, cache)
+    assert cache.exists() and first["costs"]["verify_ratio"].keys() == {2}
+    assert all(r["identical"] and r["rounds"] for r in first["rows"] if r["proposer"] != "lookup")
+    monkeypatch.setattr(bench, "load_pair", lambda *a: pytest.fail("measured again instead of reading the cache"))
+    assert bench.notebook_sweep("tiny", models, cache) == first
+    with pytest.raises(ValueError, match="workload must be one of"):
+        bench.notebook_sweep("huge", models, cache)
+
+
+def test_shipped_notebook_reference_matches_the_full_workload():
+    """data/bench/nb09_full.json is what notebook 09 reads: the full workload's rows, every output identical."""
+    from specdec.bench import WORKLOADS
+    from specdec.paths import DATA_DIR
+
+    shipped = json.loads((DATA_DIR / "bench" / "nb09_full.json").read_text())
+    config = shipped["config"]
+    assert {k: config[k] for k in WORKLOADS["full"]} == WORKLOADS["full"]
+    chains = [r for r in shipped["rows"] if r["proposer"] == "draft"]
+    assert {(r["task"], r["gamma"]) for r in chains} == {(t, g) for t in ("code", "math") for g in config["gammas"]}
+    assert all(r["identical"] and 0 < r["per_position_acceptance"] <= 1 for r in chains)

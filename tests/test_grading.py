@@ -109,3 +109,12 @@ def test_error_in_a_solution_cell_is_named_for_the_tests_that_need_it(tmp_path):
     messages = _cell_messages(path)
     assert messages["residual_test"] == "NameError: name 'residual' is not defined; the cell residual raised SyntaxError: invalid syntax"
     assert "time limit" in messages["slow_test"]
+
+
+def test_written_answers_are_listed_for_an_instructor_and_kept_out_of_the_total():
+    cells = [CellGrade("10_x", "a_test", 1, 1), CellGrade("10_x", "essay", 0, 1, needs_manual_grade=True, written=True),
+             CellGrade("10_x", "blank_essay", 0, 1, written=True)]
+    table = format_table([("10_x", cells)])
+    assert "? / 1  needs manual grading (a written answer)" in table
+    assert "written answer: not answered yet" in table
+    assert table.splitlines()[-1] == "total: 1 / 1 points, plus 2 points of written answers for an instructor to grade"

@@ -126,7 +126,7 @@ def test_source_notebook_scores_full_marks(roundtrip, slug):
     manual = {nbgrader_meta(c)["grade_id"] for c in manual_cells(read(source_path(slug)))}
     for g in grades:
         if g.grade_id in manual:  # reported for an instructor, never scored automatically
-            assert g.needs_manual_grade, f"{slug}/{g.grade_id}: a written answer was graded automatically"
+            assert g.written and g.needs_manual_grade, f"{slug}/{g.grade_id}: a written answer was graded automatically"
             continue
         assert g.score == g.max_score, f"{slug}/{g.grade_id}: solution scored {g.score}/{g.max_score}: {g.message}"
 
@@ -139,4 +139,4 @@ def test_blank_student_notebook_scores_zero(roundtrip, slug):
     assert len(grades) == len(graded_cells(read(source_path(slug)))) + len(manual)
     for g in grades:
         assert g.score == 0, f"{slug}/{g.grade_id}: the blank skeleton scored {g.score}: the test cannot fail"
-        assert g.needs_manual_grade == (g.grade_id in manual), f"{slug}/{g.grade_id}"
+        assert g.written == (g.grade_id in manual) and not g.needs_manual_grade, f"{slug}/{g.grade_id}"

@@ -43,3 +43,28 @@ def test_each_shipped_sampling_bug_breaks_exactness(name):
     runs, exact = _round_outcomes(propose, steps, params)
     with pytest.raises(CheckFailure):
         compare_frequencies(runs, exact, f"shipped {name}")
+
+
+RIGHT = {"TOKENS_PER_S_CAP": 3.35e12 / (6_738_415_616 * 2), "EXPECTED_TOKENS": 3.3616, "SPEEDUP": 2.80133,
+         "DISCARDED": 3, "ACCEPTANCE": 0.7}
+WRONG = {"TOKENS_PER_S_CAP": 497.2, "EXPECTED_TOKENS": 2.3616, "SPEEDUP": 2.4, "DISCARDED": 2, "ACCEPTANCE": 0.5}
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_drill_numbers_accept_the_answer_and_reject_near_misses(name):
+    from specdec.checks.pitfalls import check_drill_number
+
+    check_drill_number(RIGHT, name)
+    for wrong in (WRONG[name], None, True, str(RIGHT[name])):
+        with pytest.raises(CheckFailure, match=name):
+            check_drill_number({**RIGHT, name: wrong}, name)
+
+
+@pytest.mark.parametrize("name, right", [("LARGE_BATCH", "b"), ("TEMPERATURES", "a")])
+def test_drill_choices_take_exactly_one_letter(name, right):
+    from specdec.checks.pitfalls import check_drill_choice
+
+    check_drill_choice({name: right}, name)
+    for wrong in {"a", "b", "c", "d", "B", None} - {right}:
+        with pytest.raises(CheckFailure, match=name):
+            check_drill_choice({name: wrong}, name)

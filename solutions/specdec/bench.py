@@ -190,15 +190,15 @@ def _int_gammas(result: dict) -> dict:
 
 def summary(result: dict) -> dict:
     """A notebook_sweep result without the per-round lists, with the per-position acceptance of each
-    chain row instead: small enough to ship in data/ as the course's reference measurement."""
-    from specdec.analysis import acceptance_from_rounds
-
+    chain row instead (accepted over tested, where a round that proposed n drafts and accepted k tested
+    min(k + 1, n); prompt lookup often proposes fewer than gamma): small enough to ship in data/."""
     rows = []
     for row in result["rows"]:
         row = dict(row)
-        rounds = row.pop("rounds")
-        if row["proposer"] in ("draft", "lookup"):
-            row["per_position_acceptance"] = round(acceptance_from_rounds([r["accepted"] for r in rounds], row["gamma"]), 4)
+        rounds = [r for r in row.pop("rounds") if r["proposed"] > 0]
+        if row["proposer"] in ("draft", "lookup") and rounds:
+            tested = sum(min(r["accepted"] + 1, r["proposed"]) for r in rounds)
+            row["per_position_acceptance"] = round(sum(r["accepted"] for r in rounds) / tested, 4)
         rows.append(row)
     return {"config": result["config"], "costs": result["costs"], "rows": rows}
 

@@ -37,6 +37,7 @@ class CellGrade:
     max_score: float
     needs_manual_grade: bool = False
     message: str = ""
+    written: bool = False  # a written answer an instructor grades (nbgrader's manually graded answer cell)
 
 
 def assignments() -> list[str]:
@@ -150,6 +151,7 @@ def read_grades(course_root: Path, slug: str, student: str) -> list[CellGrade]:
     from nbgrader.api import Gradebook
 
     messages = _cell_messages(course_root / "autograded" / student / slug / f"{slug}.ipynb")
+    written = _written_ids(source_notebook(slug))
     db_url = f"sqlite:///{course_root / 'gradebook.db'}"
     rows = []
     with Gradebook(db_url) as gb:
@@ -163,10 +165,18 @@ def read_grades(course_root: Path, slug: str, student: str) -> list[CellGrade]:
                     max_score=float(grade.max_score),
                     needs_manual_grade=bool(grade.needs_manual_grade),
                     message=messages.get(grade.name, ""),
+                    written=grade.name in written,
                 )
             )
     order = _grade_order(source_notebook(slug))
     return sorted(rows, key=lambda r: order.get(r.grade_id, len(order)))
+
+
+def _written_ids(notebook_path: Path) -> set[str]:
+    """grade_ids of the manually graded answers (cells that are both graded and a solution)."""
+    nb = json.loads(notebook_path.read_text())
+    metas = [c.get("metadata", {}).get("nbgrader", {}) for c in nb["cells"]]
+    return {m["grade_id"] for m in metas if m.get("grade") and m.get("solution")}
 
 
 def _grade_order(notebook_path: Path) -> dict[str, int]:

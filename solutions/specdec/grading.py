@@ -129,8 +129,10 @@ def format_table(results: list[Result]) -> str:
             continue
         for cell in cells:
             exercise = cell.grade_id.removesuffix("_test")
-            if cell.needs_manual_grade:  # a written answer: an instructor grades it
-                rows.append((slug, exercise, f"? / {cell.max_score:g}", "needs manual grading (a written answer)"))
+            if cell.written:  # an instructor grades it; not part of the automatic total
+                status = ("needs manual grading (a written answer)" if cell.needs_manual_grade
+                          else "written answer: not answered yet")
+                rows.append((slug, exercise, f"? / {cell.max_score:g}", status))
                 manual += cell.max_score
                 continue
             rows.append((slug, exercise, f"{cell.score:g} / {cell.max_score:g}", _short(cell.message)))

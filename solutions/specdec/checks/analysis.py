@@ -47,7 +47,9 @@ def check_measured_costs(fn: Callable) -> None:
         got = call(fn, label, rounds, step)
         want = ref.measured_costs(rounds, step)
         history.append(((rounds, step), got))
-        if not (isinstance(got, tuple) and len(got) == 2 and all(close(g, w, rel=1e-9) for g, w in zip(got, want))):
+        if not isinstance(got, tuple):
+            raise CheckFailure(f"{label}: return a tuple (c, verify_ratio), got {type(got).__name__} {got!r}")
+        if not (len(got) == 2 and all(close(g, w, rel=1e-9) for g, w in zip(got, want))):
             raise CheckFailure(f"{label}: expected (c, verify_ratio) = ({fmt(want[0])}, {fmt(want[1])}), got {got!r}."
                                + diagnose(mistakes, history))
 
@@ -68,9 +70,9 @@ def _rows(spec: list[tuple[str, str, int, float]]) -> list[dict]:
 
 def check_best_measured_gamma(fn: Callable) -> None:
     rows = _rows([("code", "draft", 1, 400.0), ("code", "draft", 2, 480.0), ("code", "draft", 4, 510.0),
-                  ("code", "draft", 6, 505.0), ("math", "draft", 2, 600.0), ("math", "draft", 6, 720.0),
-                  ("math", "draft", 8, 720.0), ("code", "lookup", 5, 900.0), ("code", "lookup", 1, 350.0),
-                  ("math", "lookup", 2, 100.0)])
+                  ("code", "draft", 6, 505.0), ("math", "draft", 8, 720.0), ("math", "draft", 2, 600.0),
+                  ("math", "draft", 6, 720.0), ("code", "lookup", 5, 900.0), ("code", "lookup", 1, 350.0),
+                  ("math", "lookup", 2, 100.0), ("math", "lookup", 4, 90.0), ("math", "lookup", 6, 95.0)])
     cases = [("code", "draft", 4), ("math", "draft", 6), ("code", "lookup", 5), ("math", "lookup", 2)]
     mistakes = for_exercise("best_measured_gamma")
     history = []
