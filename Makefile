@@ -12,16 +12,18 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test release grade models bench bench-notebook bench-kernels clean distclean
+.PHONY: help setup lab test release grade grade-cohort models bench bench-notebook bench-kernels bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook)"
+	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target and draft models into data/models/ (about 45 min on 2 cores)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
+	@echo "make bench-cohort  time cohort grading of 100 mixed submissions of notebook 02 (2 workers)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
 	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
 
@@ -47,6 +49,10 @@ release: $(STAMP)
 grade: $(STAMP)
 	@$(BIN)/python -m specdec.grading $(NB)
 
+grade-cohort: $(STAMP)
+	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }
+	$(BIN)/python -m specdec.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)"
+
 models: $(STAMP)
 	$(BIN)/python -m specdec.train
 
@@ -55,6 +61,9 @@ bench: $(STAMP)
 
 bench-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench --notebook-reference data/bench/nb09_full.json
+
+bench-cohort: $(STAMP)
+	$(BIN)/python -m specdec.bench_cohort --copies 100 --workers 2
 
 bench-kernels: $(STAMP)
 	$(BIN)/python -m specdec.bench_kernels

@@ -1,0 +1,450 @@
+"""Grade a cohort's submissions in parallel: ``python -m specdec.cohort SUBMITTED [--out DIR]``.
+
+SUBMITTED uses nbgrader's layout, ``<student>/<assignment>/<notebook>.ipynb`` (what
+``nbgrader collect`` gives, or an LMS export unpacked that way). Each submission is graded alone,
+in its own scratch copy of a course prepared once (the assignments generated, so the hidden
+tests come from ``grader/source``), by its own ``nbgrader autograde`` process with a wall-clock
+limit, a per-cell limit and a memory limit. Run as root on Linux, each grading process also gets
+a private mount namespace in which the repository (course sources, package, virtual environment),
+the submissions, the results and every other scratch folder are read-only. So a submission can
+stall, crash or tamper only with its own grading: never another's, never the course's files.
+
+Before grading, each notebook is checked and repaired where a repair is safe: unreadable files
+are reported, a deleted test cell is restored from the course, graded cells moved out of order
+are put back in the course's order, a notebook of another assignment is refused, and code that
+looks like tampering with the checks is flagged for review. Every such event goes into the
+report with the student's name.
+
+Writes to --out: ``grades.csv`` (one row per student, assignment and graded cell),
+``totals.csv`` (one row per student and assignment), ``summary.json`` (mean and distribution per
+exercise), ``report.txt`` (every message) and ``feedback/<student>/<assignment>.html``.
+Exit status 0 when grading ran, whatever the scores; 2 when it could not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from specdec.course import (CellGrade, assignments, generate, make_course, nbgrader_env, read_grades,
+                            source_notebook)
+from specdec.grading import read_submission
+from specdec.paths import REPO_ROOT
+
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_s: float  # a whole notebook
+    cell_timeout_s: float
+    memory_mb: int  # address space of the grading process and its kernel
+    isolate: bool  # read-only mounts of everything but the submission's own scratch folder
+
+
+@dataclass
+class Submission:
+    student: str
+    assignment: str
+    path: Path
+    grades: list[CellGrade] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)  # what happened, for the report
+    flagged: bool = False  # looks like tampering: an instructor should read it
+    graded: bool = False
+    seconds: float = 0.0
+
+
+def find_submissions(root: Path, known: list[str]) -> tuple[list[Submission], list[str]]:
+    """The submissions under root (student/assignment/notebook.ipynb), and what could not be used."""
+    found, problems = [], []
+    for student_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir()):
+            where = f"{student_dir.name}/{assignment_dir.name}"
+            if assignment_dir.name not in known:
+                problems.append(f"{where}: {assignment_dir.name!r} is not an assignment of this course")
+                continue
+            notebooks = sorted(p for p in assignment_dir.glob("*.ipynb") if not p.name.startswith("."))
+            expected = assignment_dir / f"{assignment_dir.name}.ipynb"
+            path = expected if expected in notebooks else notebooks[0] if len(notebooks) == 1 else None
+            if path is None:
+                problems.append(f"{where}: expected {expected.name}, found "
+                                f"{[p.name for p in notebooks] or 'no notebook'}")
+                continue
+            found.append(Submission(student_dir.name, assignment_dir.name, path))
+    return found, problems
+
+
+# -- repairs and flags before grading --------------------------------------------------------------------------
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def course_ids() -> dict[str, set[str]]:
+    """Each assignment's grade_ids that no other assignment uses (so "setup" does not count)."""
+    ids = {slug: {g for g in map(_grade_id, nbformat.read(source_notebook(slug), as_version=4).cells) if g}
+           for slug in assignments()}
+    return {slug: own - set().union(*(v for k, v in ids.items() if k != slug)) for slug, own in ids.items()}
+
+
+def identify(nb, assignment: str, distinctive: dict[str, set[str]]) -> str | None:
+    """None when nb looks like the assignment's notebook; else why not (another assignment's, say)."""
+    ids = {g for g in map(_grade_id, nb.cells) if g}
+    if ids & distinctive[assignment]:
+        return None
+    others = [slug for slug, own in distinctive.items() if slug != assignment and ids & own]
+    if others:
+        return f"this is the notebook of {others[0]}, submitted as {assignment}"
+    return "none of its cells belongs to the assignment (was it made from scratch, or its cells' metadata removed?)"
+
+
+def repair(nb, released: nbformat.NotebookNode) -> list[str]:
+    """Restore deleted test cells and the course's order of graded cells, in place; what was done."""
+    release_ids = [g for g in map(_grade_id, released.cells) if g]
+    sub_ids = [g for g in map(_grade_id, nb.cells) if g]
+    done, restored = [], {}
+    for cell in released.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("locked") and meta.get("grade_id") not in sub_ids:
+            restored[meta["grade_id"]] = cell
+            done.append(f"cell {meta['grade_id']} was deleted: restored from the course")
+    lost = [g for g in release_ids if g not in sub_ids and g not in restored]
+    if lost:
+        done.append(f"answer cells deleted: {', '.join(lost)} (the tests that need them fail)")
+    in_order = [g for g in sub_ids if g in release_ids] == [g for g in release_ids if g in sub_ids]
+    if not in_order:
+        done.append("graded cells were out of order: graded in the course's order")
+    if in_order and not restored:
+        return done
+    groups: dict[str | None, list] = {None: []}  # each graded cell with the learner's own cells that follow it
+    current = None
+    for cell in nb.cells:
+        if _grade_id(cell):
+            current = _grade_id(cell)
+            groups[current] = [cell]
+        else:
+            groups[current].append(cell)
+    cells = list(groups[None])
+    for gid in release_ids:
+        cells += groups.get(gid, [restored[gid]] if gid in restored else [])
+    for gid in sub_ids:
+        if gid not in release_ids:
+            cells += groups[gid]
+    nb.cells = cells
+    return done
+
+
+#: Names whose rebinding in a submission would let it fake the checks or the grading.
+_GUARDED_NAMES = {"checks", "expect_equal", "expect_close", "CheckFailure", "compare_frequencies"}
+
+
+def tampering(nb) -> list[str]:
+    """Lines of the learner's code cells that could fake the checks or write outside the notebook."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or meta.get("locked"):
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            why = None
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name) and target.id in _GUARDED_NAMES:
+                        why = f"rebinds {target.id}"
+                    elif isinstance(target, ast.Attribute):
+                        base = target
+                        while isinstance(base, ast.Attribute):
+                            base = base.value
+                        if isinstance(base, ast.Name) and base.id in _GUARDED_NAMES | {"specdec", "sys", "builtins",
+                                                                                        "torch", "nbgrader"}:
+                            why = f"assigns to an attribute of {base.id}"
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in _GUARDED_NAMES:
+                why = f"redefines {node.name}"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.asname or a.name for a in node.names]
+                if any(n in _GUARDED_NAMES for n in names) and not (
+                        isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec.checks")):
+                    why = "imports over a name the tests use"
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in {"setattr", "delattr", "exec", "eval", "__import__", "system", "popen", "rmtree", "unlink",
+                            "remove", "write_text", "write_bytes"}:
+                    why = f"calls {name}"
+                elif name == "open" and any(isinstance(a, ast.Constant) and isinstance(a.value, str) and
+                                            any(m in a.value for m in "wax+") for a in node.args[1:2]):
+                    why = "opens a file for writing"
+            if why:
+                line = cell.source.splitlines()[node.lineno - 1].strip() if hasattr(node, "lineno") else ""
+                found.append(f"cell {index + 1} ({meta.get('grade_id', 'not graded')}), line "
+                             f"{getattr(node, 'lineno', '?')}: {why}: {line[:100]}")
+    return found
+
+
+OUTPUT_LIMIT = 100_000  # characters kept of one cell output in the feedback
+
+
+def cut_long_outputs(path: Path) -> int:
+    """Shorten every text output longer than OUTPUT_LIMIT in an autograded notebook; characters removed."""
+    nb = json.loads(path.read_text())
+    removed = 0
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []):
+            fields = [("text", output)] if "text" in output else []
+            fields += [(k, output["data"]) for k in ("text/plain", "text/html") if k in output.get("data", {})]
+            for key, holder in fields:
+                text = "".join(holder[key]) if isinstance(holder[key], list) else holder[key]
+                if len(text) > OUTPUT_LIMIT:
+                    removed += len(text) - OUTPUT_LIMIT
+                    holder[key] = text[:OUTPUT_LIMIT] + f"\n[... {len(text) - OUTPUT_LIMIT:,} characters cut by the grader]\n"
+    if removed:
+        path.write_text(json.dumps(nb))
+    return removed
+
+
+# -- grading one submission -------------------------------------------------------------------------------------
+
+
+_SETUP = """
+import json, os, resource, subprocess, sys
+protect, own, limit = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for path in protect:  # read-only views of the course, the submissions, the results and the other graders' folders
+    subprocess.run(["mount", "--bind", path, path], check=True)
+    subprocess.run(["mount", "-o", "remount,ro,bind", path], check=True)
+if own:  # ... except this submission's own scratch folder
+    subprocess.run(["mount", "--bind", own, own], check=True)
+    subprocess.run(["mount", "-o", "remount,rw,bind", own], check=True)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.execv(sys.argv[4], sys.argv[4:])
+"""
+
+
+def can_isolate() -> bool:
+    """True when this process may make private read-only mounts (root on Linux, with util-linux's unshare)."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("mount"):
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                                f"mount --bind {tmp} {tmp} && mount -o remount,ro,bind {tmp} && ! touch {tmp}/x"],
+                               capture_output=True)
+        return probe.returncode == 0
+
+
+def _contained(cmd: list[str], memory_mb: int, protect: list[Path], own: Path, isolate: bool) -> list[str]:
+    """cmd, started by a small Python that first sets the limits its children inherit (address space,
+    no core files) and, when isolating, mounts ``protect`` read-only in a private mount namespace
+    with ``own`` left writable. (A wrapper rather than preexec_fn, which is unsafe with threads.)"""
+    args = [json.dumps([str(p) for p in protect] if isolate else []), str(own) if isolate else "",
+            str(memory_mb * 1024 * 1024)]
+    wrapper = [sys.executable, "-c", _SETUP, *args, *cmd]
+    return ["unshare", "--mount", "--propagation", "private", "--", *wrapper] if isolate else wrapper
+
+
+def _private_env(scratch: Path) -> dict[str, str]:
+    """nbgrader's environment with every per-user folder inside the submission's scratch folder."""
+    env = nbgrader_env()
+    for name, sub in (("HOME", "home"), ("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+                      ("JUPYTER_DATA_DIR", "data"), ("MPLCONFIGDIR", "mpl"), ("TRITON_CACHE_DIR", "triton")):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+        env[name] = str(scratch / sub)
+    env["OMP_NUM_THREADS"] = "1"  # parallel workers each get one thread
+    return env
+
+
+def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.NotebookNode], out: Path,
+              limits: Limits, protect: list[Path], scratch_root: Path, distinctive: dict[str, set[str]]) -> Submission:
+    start = time.perf_counter()
+    try:
+        nb = read_submission(sub.path)
+    except ValueError as err:
+        sub.messages.append(str(err))
+        return sub
+    wrong = identify(nb, sub.assignment, distinctive)
+    if wrong:
+        sub.messages.append(f"not graded: {wrong}")
+        return sub
+    sub.messages += repair(nb, release[sub.assignment])
+    flags = tampering(nb)
+    if flags:
+        sub.flagged = True
+        sub.messages += [f"flagged for review: {f}" for f in flags]
+    scratch = Path(tempfile.mkdtemp(prefix=f"{sub.student}-", dir=scratch_root))
+    course = scratch / "course"
+    shutil.copytree(template, course)
+    dest = course / "submitted" / sub.student / sub.assignment / f"{sub.assignment}.ipynb"
+    dest.parent.mkdir(parents=True)
+    nbformat.write(nb, dest)
+    cmd = [sys.executable, "-m", "nbgrader", "autograde", sub.assignment, f"--student={sub.student}", "--force",
+           f"--CourseDirectory.root={course}", f"--Execute.timeout={int(limits.cell_timeout_s)}"]
+    env = _private_env(scratch)
+    proc = subprocess.Popen(_contained(cmd, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+    try:
+        log, _ = proc.communicate(timeout=limits.timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the kernel too: it is in the same process group
+        log, _ = proc.communicate()
+        sub.messages.append(f"stopped after {limits.timeout_s:g} s: the notebook ran past the time limit for a whole "
+                            f"notebook (look for a loop that never ends)")
+    autograded = course / "autograded" / sub.student / sub.assignment / f"{sub.assignment}.ipynb"
+    if "DeadKernelError" in log or "kernel died" in log.lower():
+        sub.messages.append("the Python kernel died while running the notebook (os._exit, a crash, or running out "
+                            f"of the {limits.memory_mb} MB memory limit); nbgrader then scores the whole notebook 0: "
+                            "find the cell that exits or crashes")
+    if autograded.exists():
+        cut = cut_long_outputs(autograded)
+        if cut:
+            sub.messages.append(f"printed {cut / 1e6:.1f} MB of output: cut to {OUTPUT_LIMIT // 1000} kB per output in "
+                                "the feedback (the scores are unaffected)")
+    try:
+        sub.grades = read_grades(course, sub.assignment, sub.student)
+        sub.graded = True
+    except Exception:  # no gradebook entry: autograde never got to record this submission
+        sub.messages.append("nbgrader could not grade this notebook; its log: "
+                            + " | ".join(line for line in log.splitlines()[-5:] if line.strip())[:400])
+    if sub.graded and autograded.exists():
+        feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={sub.student}",
+                    "--force", f"--CourseDirectory.root={course}"]
+        subprocess.run(_contained(feedback, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
+                       capture_output=True, timeout=300, process_group=0)
+        html = course / "feedback" / sub.student / sub.assignment / f"{sub.assignment}.html"
+        if html.exists():
+            target = out / "feedback" / sub.student / f"{sub.assignment}.html"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(html, target)
+    shutil.rmtree(scratch, ignore_errors=True)
+    sub.seconds = time.perf_counter() - start
+    return sub
+
+
+# -- the whole cohort --------------------------------------------------------------------------------------------
+
+
+def prepare(slugs: list[str], root: Path) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
+    """A course with the assignments generated once (gradebook and released notebooks), to copy per submission."""
+    template = make_course(root / "template", slugs)
+    release = {slug: nbformat.read(generate(template, slug), as_version=4) for slug in slugs}
+    return template, release
+
+
+def summarise(subs: list[Submission]) -> dict:
+    """Per assignment: how many were graded, the mean automatic total, and per exercise the mean and the
+    distribution of scores."""
+    out: dict = {}
+    for assignment in sorted({s.assignment for s in subs}):
+        mine = [s for s in subs if s.assignment == assignment]
+        graded = [s for s in mine if s.graded]
+        totals = [sum(g.score for g in s.grades if not g.written) for s in graded]
+        exercises: dict[str, list[float]] = {}
+        for s in graded:
+            for g in s.grades:
+                if not g.written:
+                    exercises.setdefault(g.grade_id.removesuffix("_test"), []).append(g.score)
+        out[assignment] = {
+            "submissions": len(mine), "graded": len(graded), "flagged": sum(s.flagged for s in mine),
+            "mean_total": round(statistics.mean(totals), 3) if totals else None,
+            "max_total": sum(g.max_score for g in graded[0].grades if not g.written) if graded else None,
+            "exercises": {name: {"mean": round(statistics.mean(v), 3),
+                                 "distribution": {f"{k:g}": v.count(k) for k in sorted(set(v))}}
+                          for name, v in exercises.items()},
+        }
+    return out
+
+
+def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "grades.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "assignment", "exercise", "score", "max_score", "status", "message"])
+        for s in subs:
+            for g in s.grades:
+                status = "manual" if g.written else "auto"
+                writer.writerow([s.student, s.assignment, g.grade_id.removesuffix("_test"), f"{g.score:g}",
+                                 f"{g.max_score:g}", status, g.message.splitlines()[0] if g.message else ""])
+    with open(out / "totals.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["student", "assignment", "graded", "score", "max_score", "written_points_to_grade",
+                         "flagged", "seconds", "messages"])
+        for s in subs:
+            auto = [g for g in s.grades if not g.written]
+            writer.writerow([s.student, s.assignment, s.graded, f"{sum(g.score for g in auto):g}",
+                             f"{sum(g.max_score for g in auto):g}", f"{sum(g.max_score for g in s.grades if g.written):g}",
+                             s.flagged, f"{s.seconds:.1f}", " | ".join(s.messages)])
+    (out / "summary.json").write_text(json.dumps(summarise(subs), indent=1))
+    lines = [f"{p}" for p in problems]
+    lines += [f"{s.student}/{s.assignment}: {m}" for s in subs for m in s.messages]
+    (out / "report.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Autograde a cohort's submissions in parallel.")
+    parser.add_argument("submitted", type=Path, help="folder of <student>/<assignment>/<notebook>.ipynb")
+    parser.add_argument("--out", type=Path, default=Path("cohort-grades"), help="where results go (default: cohort-grades/)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="submissions graded at once")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for a whole notebook (default 600)")
+    parser.add_argument("--cell-timeout", type=float, default=120, help="seconds for one cell (default 120)")
+    parser.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per grading process and its "
+                                                                   "kernel, in MB (default 8192)")
+    args = parser.parse_args(argv)
+    if not args.submitted.is_dir():
+        print(f"cohort: {args.submitted} is not a folder", file=sys.stderr)
+        return 2
+    if args.workers < 1 or args.timeout <= 0 or args.cell_timeout <= 0 or args.memory_mb < 512:
+        parser.error("--workers >= 1, --timeout > 0, --cell-timeout > 0 and --memory-mb >= 512, please")
+    subs, problems = find_submissions(args.submitted, assignments())
+    if not subs:
+        print(f"cohort: no submissions under {args.submitted} (expected <student>/<assignment>/<notebook>.ipynb)",
+              file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="specdec-cohort-") as tmp:
+        scratch_root = Path(tmp)
+        template, release = prepare(sorted({s.assignment for s in subs}), scratch_root)
+        print(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
+        limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate())
+        if not limits.isolate:
+            problems.append("isolation: off (it needs root and util-linux's unshare on Linux): a submission's code "
+                            "could write to the course's files or another submission's scratch folder")
+        args.out.mkdir(parents=True, exist_ok=True)
+        protect = [REPO_ROOT, args.submitted.resolve(), args.out.resolve(), scratch_root]
+        with ThreadPoolExecutor(args.workers) as pool:
+            distinctive = course_ids()
+            jobs = [pool.submit(grade_one, s, template, release, args.out, limits, protect, scratch_root, distinctive)
+                    for s in subs]
+            for done, job in enumerate(jobs, 1):
+                s = job.result()
+                total = sum(g.score for g in s.grades if not g.written)
+                status = f"{total:g} / {sum(g.max_score for g in s.grades if not g.written):g}" if s.graded else "not graded"
+                print(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}"
+                      + (" (flagged)" if s.flagged else "") + (f"; {s.messages[0]}" if s.messages else ""), flush=True)
+    write_outputs(subs, problems, args.out)
+    wall = time.perf_counter() - start
+    print(f"graded {sum(s.graded for s in subs)} of {len(subs)} submissions in {wall:.0f} s "
+          f"({wall / len(subs):.1f} s per notebook); results in {args.out}/")
+    for p in problems:
+        print(f"skipped {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

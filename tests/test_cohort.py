@@ -1,0 +1,178 @@
+"""Cohort grading: every kind of bad submission gets a clear message, the others are still graded
+correctly, and no submission can change another's score or the course's files."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import json
+
+import nbformat
+import pytest
+from conftest import read, source_path, student_path
+
+from specdec import cohort
+from specdec.paths import REPO_ROOT
+
+SLUG = "02_greedy_verify"
+FULL = 10.0  # notebook 02's points
+
+
+def _answer(nb, grade_id):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def _variant(change) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(read(source_path(SLUG)))
+    change(nb)
+    return nb
+
+
+def _prepend(grade_id, code):
+    def change(nb):
+        cell = _answer(nb, grade_id)
+        cell.source = code + "\n" + cell.source
+    return change
+
+
+def _delete_test(nb):
+    nb.cells.remove(_answer(nb, "round_shapes_test"))
+
+
+def _edit_test(nb):
+    _answer(nb, "greedy_verify_test").source = "pass  # the learner emptied the test"
+
+
+def _reorder(nb):
+    cell = _answer(nb, "round_shapes")
+    nb.cells.remove(cell)
+    nb.cells.append(cell)
+
+
+GUARDED_FILE = REPO_ROOT / "solutions" / "specdec" / "checks" / "greedy.py"
+
+SUBMISSIONS = {
+    "correct": lambda: read(source_path(SLUG)),
+    "blank": lambda: read(student_path(SLUG)),
+    "deleted_test": lambda: _variant(_delete_test),
+    "edited_test": lambda: _variant(_edit_test),
+    "reordered": lambda: _variant(_reorder),
+    "endless": lambda: _variant(_prepend("greedy_verify", "while True:\n    pass")),
+    "exits": lambda: _variant(_prepend("greedy_verify_batched", "import os\nos._exit(3)")),
+    "segfault": lambda: _variant(_prepend("greedy_verify_batched", "import ctypes\nctypes.string_at(0)")),
+    "hog": lambda: _variant(_prepend("greedy_verify", "hog = bytearray(64 * 2**30)")),
+    "chatty": lambda: _variant(_prepend("round_shapes", "print('x' * 5_000_000)")),
+    "patches_checks": lambda: _variant(_prepend("greedy_verify",
+                                                "checks.check_greedy_verify = lambda fn: None\n"
+                                                "def greedy_verify(*a):\n    return None\n")),
+    "writes_course": lambda: _variant(_prepend("round_shapes", f"open({str(GUARDED_FILE)!r}, 'a').write('# pwned')")),
+    "other_notebook": lambda: read(source_path("03_rejection_sampling")),
+}
+
+
+pytestmark = pytest.mark.pipeline
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cohort")
+    submitted, out = root / "submitted", root / "out"
+    for student, make in SUBMISSIONS.items():
+        path = submitted / student / SLUG / f"{SLUG}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(make(), path)
+    (submitted / "broken_json" / SLUG).mkdir(parents=True)
+    (submitted / "broken_json" / SLUG / f"{SLUG}.ipynb").write_text('{"cells": [')
+    (submitted / "not_a_notebook" / SLUG).mkdir(parents=True)
+    (submitted / "not_a_notebook" / SLUG / f"{SLUG}.ipynb").write_text('{"cells": 3}')
+    (submitted / "stray" / "99_unknown").mkdir(parents=True)
+    before = hashlib.sha256(GUARDED_FILE.read_bytes()).hexdigest()
+    assert cohort.main([str(submitted), "--out", str(out), "--workers", "2", "--cell-timeout", "8",
+                        "--timeout", "120", "--memory-mb", "6144"]) == 0
+    assert hashlib.sha256(GUARDED_FILE.read_bytes()).hexdigest() == before, "a submission changed the course's files"
+    totals = {row["student"]: row for row in csv.DictReader(open(out / "totals.csv"))}
+    return totals, out
+
+
+def _score(totals, student) -> float:
+    return float(totals[student]["score"])
+
+
+def test_good_and_repaired_submissions_get_full_marks(graded):
+    totals, _ = graded
+    for student in ("correct", "deleted_test", "edited_test", "reordered", "chatty"):
+        assert _score(totals, student) == FULL, (student, totals[student])
+    assert "round_shapes_test was deleted: restored" in totals["deleted_test"]["messages"]
+    assert "out of order" in totals["reordered"]["messages"]
+    assert _score(totals, "blank") == 0
+
+
+def test_unreadable_and_foreign_notebooks_are_named_not_graded(graded):
+    totals, out = graded
+    assert "not valid JSON" in totals["broken_json"]["messages"] and totals["broken_json"]["graded"] == "False"
+    assert "not a valid notebook" in totals["not_a_notebook"]["messages"] or "not a notebook" in totals["not_a_notebook"]["messages"]
+    assert "notebook of 03_rejection_sampling" in totals["other_notebook"]["messages"]
+    assert "99_unknown" in (out / "report.txt").read_text()
+
+
+def test_a_stuck_or_crashing_answer_loses_only_its_own_points(graded):
+    totals, _ = graded
+    assert 0 < _score(totals, "endless") < FULL  # the other exercises still count
+    for student in ("exits", "segfault"):
+        assert "kernel died" in totals[student]["messages"], totals[student]
+        assert _score(totals, student) < FULL
+    assert 0 < _score(totals, "hog") < FULL  # MemoryError under the limit, in that exercise only
+
+
+def test_tampering_is_flagged_and_cannot_reach_the_course(graded):
+    totals, _ = graded
+    assert totals["patches_checks"]["flagged"] == "True" and "assigns to an attribute of checks" in totals["patches_checks"]["messages"]
+    assert totals["writes_course"]["flagged"] == "True"
+    assert _score(totals, "correct") == FULL  # graded beside them, unaffected
+
+
+def test_outputs_grades_summary_and_feedback(graded):
+    totals, out = graded
+    assert "printed 5.0 MB of output: cut" in totals["chatty"]["messages"]
+    assert (out / "feedback" / "chatty" / f"{SLUG}.html").stat().st_size < 1_000_000
+    rows = list(csv.DictReader(open(out / "grades.csv")))
+    assert {r["exercise"] for r in rows if r["student"] == "correct"} == {
+        "round_shapes", "greedy_verify", "speculative_greedy_generate", "greedy_verify_batched"}
+    summary = json.loads((out / "summary.json").read_text())[SLUG]
+    assert summary["submissions"] == len(SUBMISSIONS) + 2 and summary["max_total"] == FULL
+    assert (out / "feedback" / "correct" / f"{SLUG}.html").exists()
+
+
+def test_repair_restores_order_and_deleted_tests():
+    released = read(student_path(SLUG))
+    nb = _variant(_reorder)
+    _delete_test(nb)
+    done = cohort.repair(nb, released)
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")]
+    assert ids == [c.metadata["nbgrader"]["grade_id"] for c in released.cells if c.metadata.get("nbgrader", {}).get("grade_id")]
+    assert any("deleted" in d for d in done) and any("out of order" in d for d in done)
+
+
+def test_tampering_scan_flags_patches_and_writes_but_not_ordinary_code():
+    def flags(source):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+        return cohort.tampering(nb)
+
+    for bad in ("checks = None", "import specdec\nspecdec.checks.greedy.check_greedy_verify = print",
+                "setattr(checks, 'check_x', print)", "open('notes.txt', 'w').write('x')", "def expect_equal(*a):\n    pass",
+                "from math import inf as checks"):
+        assert flags(bad), bad
+    for fine in ("x = torch.zeros(3)", "def greedy_verify(draft, logits):\n    return logits.argmax(-1)",
+                 "with open('data.txt') as f:\n    text = f.read()", "from specdec.checks import greedy as checks"):
+        assert not flags(fine), fine
+
+
+def test_long_outputs_are_cut_in_the_feedback(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('x' * 300_000)")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 300_000)]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    assert cohort.cut_long_outputs(path) == 300_000 - cohort.OUTPUT_LIMIT
+    text = nbformat.read(path, as_version=4).cells[0].outputs[0].text
+    assert len(text) < cohort.OUTPUT_LIMIT + 100 and "characters cut by the grader" in text
