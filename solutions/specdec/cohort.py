@@ -314,8 +314,8 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
     if autograded.exists():
         cut = cut_long_outputs(autograded)
         if cut:
-            sub.messages.append(f"printed {cut / 1e6:.1f} MB of output: cut to {OUTPUT_LIMIT // 1000} kB per output in "
-                                "the feedback (the scores are unaffected)")
+            sub.messages.append(f"printed too much: {cut / 1e6:.1f} MB of output cut from the feedback (each output "
+                                f"keeps its first {OUTPUT_LIMIT // 1000} kB; the scores are unaffected)")
     try:
         sub.grades = read_grades(course, sub.assignment, sub.student)
         sub.graded = True
