@@ -12,13 +12,14 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test release grade grade-cohort models bench bench-notebook bench-kernels bench-cohort clean distclean
+.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-kernels bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook)"
 	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
 	@echo "make test     set up on first use, then run the whole test suite"
+	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target and draft models into data/models/ (about 45 min on 2 cores)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
@@ -42,6 +43,15 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+UI_STAMP := $(VENV)/.installed-ui
+$(UI_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[hf,test,ui]"
+	@touch $(UI_STAMP)
+
+test-ui: $(UI_STAMP)
+	@test -x "$${CHROMIUM:-/usr/bin/chromium}" || { echo "make test-ui needs Debian's Chromium: apt-get install chromium (or CHROMIUM=path)"; exit 2; }
+	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" tests_ui
 
 release: $(STAMP)
 	$(BIN)/python -m specdec.release
