@@ -7,6 +7,8 @@ import copy
 import csv
 import hashlib
 import json
+import subprocess
+import time
 
 import nbformat
 import pytest
@@ -176,3 +178,17 @@ def test_long_outputs_are_cut_in_the_feedback(tmp_path):
     assert cohort.cut_long_outputs(path) == 300_000 - cohort.OUTPUT_LIMIT
     text = nbformat.read(path, as_version=4).cells[0].outputs[0].text
     assert len(text) < cohort.OUTPUT_LIMIT + 100 and "characters cut by the grader" in text
+
+
+def test_a_notebook_past_the_whole_notebook_limit_is_killed_with_its_kernel(tmp_path):
+    path = tmp_path / "submitted" / "sleeper" / SLUG / f"{SLUG}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(_variant(_prepend("round_shapes", "import time\ntime.sleep(120)")), path)
+    kernels_before = subprocess.run(["pgrep", "-f", "ipykernel_launcher"], capture_output=True, text=True).stdout.split()
+    assert cohort.main([str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--workers", "1",
+                        "--timeout", "15"]) == 0
+    row = next(csv.DictReader(open(tmp_path / "out" / "totals.csv")))
+    assert "stopped after 15 s" in row["messages"] and float(row["score"]) == 0
+    time.sleep(1)
+    kernels_after = subprocess.run(["pgrep", "-f", "ipykernel_launcher"], capture_output=True, text=True).stdout.split()
+    assert set(kernels_after) <= set(kernels_before), "the killed notebook left its kernel running"
