@@ -11,7 +11,9 @@ reads the guard and fails deterministically instead of reading whatever memory f
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -433,9 +435,6 @@ print(json.dumps({"ok": True}))
 
 def compile_error(kernel: Callable, name: str) -> str | None:
     """Why Triton's compiler front end rejects the kernel for a GPU, or None (also when it cannot tell)."""
-    import inspect
-    import os
-
     try:
         source = inspect.getsource(kernel.fn)
     except (OSError, TypeError):
