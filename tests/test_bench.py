@@ -76,3 +76,41 @@ def test_shipped_notebook_reference_matches_the_full_workload():
     chains = [r for r in shipped["rows"] if r["proposer"] == "draft"]
     assert {(r["task"], r["gamma"]) for r in chains} == {(t, g) for t in ("code", "math") for g in config["gammas"]}
     assert all(r["identical"] and 0 < r["per_position_acceptance"] <= 1 for r in chains)
+
+
+def test_notebook_reference_measures_the_control_draft_and_temperatures(models, tmp_path, monkeypatch):
+    """--notebook-reference adds the undistilled control's runs and the acceptance at each temperature."""
+    import specdec.bench as bench
+
+    save(Llama(LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=512)),
+         models / "draft_undistilled.safetensors")
+    monkeypatch.setitem(bench.WORKLOADS, "full", {"prompts": 1, "tokens": 6, "gammas": [2], "repeats": 1})
+    monkeypatch.setattr(bench, "CONTROL_GAMMAS", (2,))
+    out = tmp_path / "ref.json"
+    assert main(["--models", str(models), "--notebook-reference", str(out)]) == 0
+    ref = json.loads(out.read_text())
+    control = [r for r in ref["rows"] if r["proposer"] == "draft_undistilled"]
+    assert {(r["task"], r["gamma"]) for r in control} == {("code", 2), ("math", 2)}
+    assert all(r["identical"] and "rounds" not in r and 0 <= r["per_position_acceptance"] <= 1 for r in control)
+    expected = ref["alignment"]["expected"]
+    assert {(e["task"], e["draft"], e["temperature"]) for e in expected} == {
+        (t, d, T) for t in ("code", "math") for d in ("draft", "draft_undistilled") for T in bench.TEMPERATURES}
+    assert all(0 <= e["acceptance"] <= 1 for e in expected)
+    assert {(s["task"], s["temperature"]) for s in ref["alignment"]["sampled"]} == {
+        (t, T) for t in ("code", "math") for T in bench.TEMPERATURES[1:]}
+
+
+def test_shipped_reference_brackets_the_best_gamma_and_shows_distillation():
+    """Notebook 09's text rests on these: the best measured gamma is inside the sweep for both tasks, and the
+    distilled draft is accepted more often than the undistilled control at every temperature."""
+    from specdec.analysis import best_measured_gamma
+    from specdec.paths import DATA_DIR
+
+    shipped = json.loads((DATA_DIR / "bench" / "nb09_full.json").read_text())
+    largest = max(shipped["config"]["gammas"])
+    for task in ("code", "math"):
+        assert best_measured_gamma(shipped["rows"], task, "draft") < largest
+    by = {(e["task"], e["draft"], e["temperature"]): e["acceptance"] for e in shipped["alignment"]["expected"]}
+    for (task, name, temperature), a in by.items():
+        if name == "draft":
+            assert a > by[(task, "draft_undistilled", temperature)]

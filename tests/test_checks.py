@@ -46,6 +46,8 @@ RUN_CHECK = {
     "propose": (engine.propose, engine_checks.check_propose),
     "rollback": (engine.rollback, engine_checks.check_rollback),
     "speculative_generate": (engine.speculative_generate, engine_checks.check_speculative_generate),
+    "accept_until_stop": (engine.accept_until_stop, engine_checks.check_accept_until_stop),
+    "generate_until_stop": (engine.generate_until_stop, engine_checks.check_generate_until_stop),
     "find_match": (lookup.find_match, lookup_checks.check_find_match),
     "propose_ngram": (lookup.propose_ngram, lookup_checks.check_propose_ngram),
     "find_match_vectorised": (lookup.find_match_vectorised, lookup_checks.check_find_match_vectorised),
@@ -72,12 +74,13 @@ RUN_CHECK = {
     "correction_token": (pitfalls.correction_token, pitfall_checks.check_correction_token),
     "bonus_token": (pitfalls.bonus_token, pitfall_checks.check_bonus_token),
     "verify_logits": (pitfalls.verify_logits, pitfall_checks.check_verify_logits),
+    "stream_counts": (pitfalls.stream_counts, pitfall_checks.check_stream_counts),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {
     # notebooks 05-06: the checks replay recorded forwards and explain in their own words
     "target_only_generate", "propose", "rollback", "speculative_generate", "propose_ngram", "find_match_vectorised",
-    "lookup_generate", "verify_tree_sampling", "compact_cache",
+    "lookup_generate", "verify_tree_sampling", "compact_cache", "generate_until_stop",
     # notebook 10: sampling checks (seeded Monte Carlo), host syncs and recorded forwards
     "draft_propose", "accepted_counts", "correction_token", "bonus_token", "verify_logits"}
 MISTAKES = catalogue()

@@ -1,9 +1,12 @@
 """Reading a benchmark (notebook 09): acceptance from per-round counts, measured costs, the
-cost model's prediction, and the best draft length from measurements."""
+cost model's prediction, the best draft length from measurements, and why logit processors
+(a repetition penalty here) must be applied per draft position."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from specdec.engine import RoundStats
 
@@ -56,3 +59,28 @@ def best_measured_gamma(rows: Sequence[dict], task: str, proposer: str) -> int:
         raise ValueError(f"no measurements for task {task!r} and proposer {proposer!r}")
     return max(candidates, key=lambda r: (r["tokens_per_s"], -r["gamma"]))["gamma"]
     ### END SOLUTION
+
+
+def repetition_penalty(logits: torch.Tensor, seen: Sequence[int], penalty: float) -> torch.Tensor:
+    """(V,) logits with a repetition penalty on every token in ``seen``, in the form of Hugging Face's
+    RepetitionPenaltyLogitsProcessor (after CTRL, Keskar et al. 2019): a positive logit is divided
+    by ``penalty``, a negative one multiplied."""
+    out = logits.clone()
+    index = torch.tensor(sorted(set(seen)), dtype=torch.long)
+    if index.numel():
+        chosen = out[index]
+        out[index] = torch.where(chosen > 0, chosen / penalty, chosen * penalty)
+    return out
+
+
+def penalised_verify_probs(logits: torch.Tensor, context: Sequence[int], drafts: Sequence[int], penalty: float,
+                           temperature: float, per_position: bool = True) -> torch.Tensor:
+    """The target's p for a verify forward's gamma + 1 rows (logits (gamma + 1, V)) under a repetition
+    penalty, float64. Row i scores the token after context + drafts[:i], so its penalty must count
+    those drafts too (``per_position``); with ``per_position=False`` every row is penalised by the
+    committed context alone, as a processor applied once per round would do (wrong from row 1 on)."""
+    rows = []
+    for i in range(logits.shape[0]):
+        seen = list(context) + (list(drafts[:i]) if per_position else [])
+        rows.append(torch.softmax(repetition_penalty(logits[i].double(), seen, penalty) / temperature, -1))
+    return torch.stack(rows)

@@ -38,11 +38,12 @@ import torch
 from tqdm.auto import tqdm
 
 from specdec import corpus, tokenizer
-from specdec.engine import SpeculativeEngine, check_request
+from specdec.drafts import expected_acceptance
+from specdec.engine import SamplingParams, SpeculativeEngine, check_request
 from specdec.ledger import expected_tokens_per_round, speedup
 from specdec.model import KVCache, Llama
 from specdec.paths import DATA_DIR
-from specdec.train import load_pair
+from specdec.train import load, load_pair
 from specdec.tree import DEFAULT_CHOICES, flatten_tree
 
 
@@ -146,7 +147,13 @@ def sweep(engine: SpeculativeEngine, prompts: dict[str, list[list[int]]], n_toke
 
 #: The notebook's workloads: a small default that runs in well under a minute, and the full sweep.
 WORKLOADS = {"small": {"prompts": 2, "tokens": 48, "gammas": [1, 2, 4, 6], "repeats": 3},
-             "full": {"prompts": 8, "tokens": 128, "gammas": [1, 2, 3, 4, 5, 6, 8], "repeats": 3}}
+             "full": {"prompts": 8, "tokens": 128, "gammas": [1, 2, 3, 4, 5, 6, 8, 10, 12, 16], "repeats": 3}}
+
+#: Draft alignment (notebook 09, section 8): temperatures at which acceptance is measured, and the
+#: draft lengths at which the undistilled control draft is run through the engine.
+TEMPERATURES = (0.0, 0.5, 1.0, 1.5)
+CONTROL_GAMMAS = (2, 4, 8)
+
 
 
 def notebook_sweep(workload: str = "small", models: Path = DATA_DIR / "models", cache: Path | None = None) -> dict:
@@ -196,11 +203,53 @@ def summary(result: dict) -> dict:
     for row in result["rows"]:
         row = dict(row)
         rounds = [r for r in row.pop("rounds") if r["proposed"] > 0]
-        if row["proposer"] in ("draft", "lookup") and rounds:
+        if row["proposer"] in ("draft", "draft_undistilled", "lookup") and rounds:
             tested = sum(min(r["accepted"] + 1, r["proposed"]) for r in rounds)
             row["per_position_acceptance"] = round(sum(r["accepted"] for r in rounds) / tested, 4)
         rows.append(row)
     return {"config": result["config"], "costs": result["costs"], "rows": rows}
+
+
+def alignment(models: Path, n_prompts: int, n_tokens: int, repeats: int, costs: dict) -> dict:
+    """The distilled draft against the undistilled control (same size, data and steps; learns the
+    next byte alone), on the full workload's prompts:
+
+    - ``expected``: per task, draft and temperature, the mean of sum_x min(p, q) (exact,
+      :func:`specdec.drafts.expected_acceptance`) over the positions the target generates when it
+      continues each prompt alone at that temperature (seeded);
+    - ``sampled``: per task and temperature > 0, the distilled draft's per-position acceptance in
+      real sampled runs of the engine (gamma 4, top-k off), the check on the exact figure;
+    - ``rows``: greedy engine runs of the control at CONTROL_GAMMAS (rows as in :func:`sweep`,
+      proposer ``draft_undistilled``).
+    """
+    target, draft = load_pair(models)
+    control = load(Path(models) / "draft_undistilled.safetensors")
+    prompts = {"code": [tokenizer.encode(t) for t in corpus.code_prompts(n_prompts)],
+               "math": [tokenizer.encode(t) for t in corpus.math_prompts(n_prompts)]}
+    engine = SpeculativeEngine(target, draft)
+    expected, sampled = [], []
+    generator = torch.Generator().manual_seed(0)
+    for task, encoded in prompts.items():
+        for temperature in TEMPERATURES:
+            params = SamplingParams(temperature)
+            texts = [ids + engine.generate_target_only(ids, n_tokens, params, generator).tokens for ids in encoded]
+            for name, model in (("draft", draft), ("draft_undistilled", control)):
+                # position i of the scores predicts token i + 1: keep the generated tokens' positions
+                scores = torch.cat([expected_acceptance(target, model, text, params)[len(ids) - 1:]
+                                    for ids, text in zip(encoded, texts)])
+                expected.append({"task": task, "draft": name, "temperature": temperature,
+                                 "acceptance": round(float(scores.mean()), 4)})
+        for temperature in TEMPERATURES[1:]:
+            runs = [engine.generate(ids, n_tokens, 4, SamplingParams(temperature), generator) for ids in encoded]
+            rounds = [r for g in runs for r in g.rounds]
+            tested = sum(min(r.accepted + 1, r.proposed) for r in rounds)
+            sampled.append({"task": task, "draft": "draft", "temperature": temperature, "gamma": 4,
+                            "per_position_acceptance": round(sum(r.accepted for r in rounds) / tested, 4)})
+    rows, _ = sweep(SpeculativeEngine(target, control), prompts, n_tokens, CONTROL_GAMMAS, repeats, costs,
+                    proposers=("draft",))
+    for row in rows:
+        row["proposer"] = "draft_undistilled"
+    return {"expected": expected, "sampled": sampled, "rows": rows}
 
 
 def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats: int, with_hf: bool) -> tuple[list[dict], dict]:
@@ -310,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.notebook_reference:
         torch.set_num_threads(args.threads)
         start = time.perf_counter()
-        reference = summary(notebook_sweep("full", args.models))
+        full = notebook_sweep("full", args.models)
+        aligned = alignment(args.models, full["config"]["prompts"], full["config"]["tokens"],
+                            full["config"]["repeats"], full["costs"])
+        reference = summary({**full, "rows": full["rows"] + aligned.pop("rows")})
+        reference["alignment"] = aligned
         reference["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {torch.get_num_threads()} CPU threads"
         reference["seconds"] = round(time.perf_counter() - start)
         args.notebook_reference.parent.mkdir(parents=True, exist_ok=True)

@@ -61,3 +61,10 @@ def verify_logits(target: Llama, cache: KVCache, sequence: list[int], drafts: li
     """-> (gamma + 1, V)."""
     logits = target(torch.tensor([sequence + drafts]))
     return logits[0, -(len(drafts) + 1):]
+
+
+def stream_counts(tokens: torch.Tensor, n_committed: torch.Tensor, generated: torch.Tensor, eos_id: int,
+                  max_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, gamma + 1), (B,), (B,), int, (B,) -> (stream (B,), finished (B,))."""
+    finished = (tokens == eos_id).any(-1) | (generated + n_committed >= max_tokens)
+    return n_committed, finished  # stream the round, then end the requests that are done

@@ -153,6 +153,73 @@ def speculative_generate(target: Llama, draft: Llama, prompt: list[int], n_token
     ### END SOLUTION
 
 
+@dataclass(frozen=True)
+class StopCriteria:
+    """When a request ends: at its max_tokens-th new token, at a stop token, or at the token that
+    completes a stop sequence (token ids: a stop string, encoded). Only new tokens count, never the
+    prompt. The token that ends the request is part of the output."""
+
+    max_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.max_tokens, "max_tokens")
+        if any(not seq for seq in self.stop_sequences):
+            raise ValueError(f"every stop sequence needs at least one token, got {self.stop_sequences}")
+
+
+def accept_until_stop(output: list[int], committed: list[int], stop: StopCriteria) -> tuple[list[int], bool]:
+    """The part of a round's committed tokens to emit, and whether the request is finished.
+
+    ``output``: the new tokens emitted in earlier rounds; ``committed``: this round's. The
+    tokens are taken in order; the first one that is the max_tokens-th new token, a stop
+    token, or the end of a stop sequence (which may begin in an earlier round) is the last
+    one emitted.
+    """
+    if len(output) >= stop.max_tokens:
+        raise ValueError(f"the request already has {len(output)} >= max_tokens = {stop.max_tokens} tokens")
+    ### BEGIN SOLUTION
+    text = list(output)
+    for i, token in enumerate(committed):
+        text.append(token)
+        if (len(text) == stop.max_tokens or token in stop.stop_token_ids
+                or any(text[-len(seq):] == list(seq) for seq in stop.stop_sequences)):
+            return list(committed[: i + 1]), True
+    return list(committed), False
+    ### END SOLUTION
+
+
+@torch.inference_mode()
+def generate_until_stop(target: Llama, draft: Llama, prompt: list[int], stop: StopCriteria, gamma: int,
+                        params: SamplingParams = GREEDY,
+                        generator: torch.Generator | None = None) -> tuple[list[int], KVCache, KVCache]:
+    """speculative_generate with stops: (output, target cache, draft cache). The output ends at
+    the first stop (tokens committed after it are dropped); both caches are rolled back to the
+    output, the target's holding every token but the last, so a next turn can continue."""
+    check_request(target, draft, prompt, stop.max_tokens, gamma)
+    ### BEGIN SOLUTION
+    target_cache, draft_cache = KVCache(target.config), KVCache(draft.config)
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), target_cache)
+        draft(torch.tensor([prompt[:-1]]), draft_cache)
+    output, pending, finished = [], list(prompt[-1:]), False
+    while not finished:
+        P = len(prompt) + len(output)
+        drafts, q = propose(draft, draft_cache, pending, gamma, params, generator)
+        last = output[-1:] or list(prompt[-1:])
+        logits = target(torch.tensor([last + drafts]), target_cache)[0]  # (gamma + 1, V)
+        if params.temperature == 0:
+            committed = greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        emitted, finished = accept_until_stop(output, committed, stop)
+        output += emitted
+        pending = rollback(target_cache, draft_cache, P, drafts, emitted)  # roll back to what was emitted
+    return output, target_cache, draft_cache
+    ### END SOLUTION
+
+
 _call_order = itertools.count()
 
 

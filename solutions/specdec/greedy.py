@@ -32,9 +32,11 @@ class RoundShapes:
 def round_shapes(P: int, gamma: int, k: int) -> RoundShapes:
     """Lengths around one greedy round.
 
-    Invariant at the start of a round: both caches hold KV for the first P - 1 committed
-    tokens; the last committed token has none yet (it is the next input). The draft feeds
-    the last committed token and drafts 1..gamma-1 (never its own last draft).
+    Invariant at the start of a round: the target's cache holds KV for the first P - 1
+    committed tokens (the last one is its next input); the draft's for the first
+    P - len(pending), pending being the committed tokens it has not fed yet (the last one,
+    and after a full acceptance also its own last draft). The draft feeds the pending
+    tokens and drafts 1..gamma-1 (never its own last draft), so it holds P - 1 + gamma.
     """
     check_positive_int(P, "P")
     check_positive_int(gamma, "gamma")

@@ -104,3 +104,23 @@ def pitfall_round(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, genera
     tokens = torch.where(torch.arange(gamma + 1) < k[:, None], torch.cat([drafts, drafts[:, :1]], 1), -1)
     tokens[rows, k] = extra
     return tokens, k + 1
+
+
+def stream_counts(tokens: torch.Tensor, n_committed: torch.Tensor, generated: torch.Tensor, eos_id: int,
+                  max_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many of each row's committed tokens to stream, and which requests are finished.
+
+    tokens (B, gamma + 1): each row's committed tokens, then -1; n_committed (B,); generated
+    (B,): tokens already streamed before this round; max_tokens (B,): each request's limit.
+    A row streams up to and including its first EOS, and never past its max_tokens-th token;
+    it is finished when either happened. Returns (stream (B,) long, finished (B,) bool).
+    """
+    ### BEGIN SOLUTION
+    positions = torch.arange(tokens.shape[1], device=tokens.device)  # (gamma + 1,)
+    is_eos = (tokens == eos_id) & (positions < n_committed[:, None])  # (B, gamma + 1)
+    has_eos = is_eos.any(-1)
+    through_eos = torch.where(has_eos, is_eos.long().argmax(-1) + 1, n_committed)  # first EOS included
+    stream = torch.minimum(through_eos, max_tokens - generated)
+    finished = (has_eos & (through_eos <= stream)) | (generated + stream >= max_tokens)
+    return stream.long(), finished
+    ### END SOLUTION

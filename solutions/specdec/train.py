@@ -27,6 +27,9 @@ from specdec.paths import DATA_DIR
 
 TARGET = LlamaConfig(d_model=512, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=1024, max_seq_len=512)
 DRAFT = LlamaConfig(d_model=192, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=512, max_seq_len=512)
+# name -> (config, distilled from the target?). draft_undistilled is the draft's architecture trained
+# on next-byte cross-entropy alone: the control that shows what distillation buys in acceptance.
+MODELS = {"target": (TARGET, False), "draft": (DRAFT, True), "draft_undistilled": (DRAFT, False)}
 
 
 def training_data(code_bytes: int = 4_000_000, math_problems: int = 40_000) -> dict[str, torch.Tensor]:
@@ -139,17 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", type=Path, default=DATA_DIR / "models")
-    parser.add_argument("--only", choices=["target", "draft"],
-                        help="train just one (the draft is distilled from the target already in --out)")
+    parser.add_argument("--only", choices=list(MODELS),
+                        help="train just one (the draft is distilled from the target already in --out; "
+                             "draft_undistilled is the same draft trained on the bytes alone, for comparison)")
     args = parser.parse_args(argv)
     data = training_data()
     print({task: len(ids) for task, ids in data.items()}, "training tokens", f"{torch.get_num_threads()} threads")
     log_path = args.out / "train_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
-    for name, config in (("target", TARGET), ("draft", DRAFT)):
+    for name, (config, distilled) in MODELS.items():
         if args.only and args.only != name:
             continue
-        teacher = load(args.out / "target.safetensors") if name == "draft" else None
+        teacher = load(args.out / "target.safetensors") if distilled else None
         start = time.perf_counter()
         model, losses = train(config, data, args.steps, args.batch_size, args.seq_len, teacher=teacher)
         seconds = time.perf_counter() - start
@@ -185,9 +189,11 @@ def write_model_card(log: dict, folder: Path) -> None:
                     f"{e['held_out_loss']['math']:.3f} |")
     card = f"""# The course's models
 
-Two byte-level Llama-style decoders (`specdec/model.py`) trained by this project's own script
-on a 2-core CPU; nothing was downloaded. They exist to make speculative decoding real in the
+Byte-level Llama-style decoders (`specdec/model.py`) trained by this project's own script on a
+2-core CPU; nothing was downloaded. They exist to make speculative decoding real in the
 notebooks: real KV caches, real acceptance rates, real speedups. They are not useful models.
+`draft_undistilled` has the draft's architecture, data and steps but learns the next byte alone
+instead of the target's distribution: the control that shows what distillation buys.
 
 | model | parameters | d_model | layers | query / KV heads | d_ff | context | file (bf16) |
 |---|---|---|---|---|---|---|---|
@@ -226,8 +232,9 @@ target's own entropy), its held-out losses are ordinary next-byte cross-entropy.
 ## Retrain
 
 `make models` (or `python -m specdec.train`) rewrites `target.safetensors`, `draft.safetensors`,
+`draft_undistilled.safetensors`,
 `train_log.json`, `loss.png` and this card. `--only draft` re-distils the draft from the target in
-this folder. With the same seed, Python version (the standard library is the code data), torch
+this folder; `--only draft_undistilled` trains the control. With the same seed, Python version (the standard library is the code data), torch
 version and thread count, the weights come out the same.
 """
     (folder / "README.md").write_text(card)

@@ -325,3 +325,193 @@ def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
                         hint="Sample with the request's params: params.probs(logits) applies temperature and top-k."
                         + (" At temperature > 0 verify with verify_chain(params.probs(target logits), q, drafts, "
                            "generator), where q is what the drafts were drawn from." if gamma else ""))
+
+
+# -- accept_until_stop -------------------------------------------------------------------
+
+
+def _stop_cases(seed: int = 0, n: int = 300):
+    """(description, (output, committed, stop)) for hand-picked and random valid states: the output
+    so far has hit no stop yet (a finished request gets no further rounds)."""
+    S = engine.StopCriteria
+    yield "no stop in this round", ([1, 2], [3, 4, 5], S(10))
+    yield "stop token in the middle", ([1, 2], [3, 0, 5, 6], S(10, (0,)))
+    yield "stop token first", ([1], [0, 5, 6], S(10, (0,)))
+    yield "stop token last (the target's own token)", ([1], [5, 6, 0], S(10, (0,)))
+    yield "two stops: the first ends it", ([1], [5, 7, 6, 0], S(10, (0, 6)))
+    yield "max_tokens inside the round", ([1, 2], [3, 4, 5], S(4))
+    yield "max_tokens at the round's last token", ([1, 2], [3, 4], S(4))
+    yield "max_tokens at the first token", ([1, 2, 3], [4, 5, 6], S(4))
+    yield "max_tokens before a stop token in the same round", ([1, 2], [3, 4, 0, 5], S(3, (0,)))
+    yield "stop sequence inside the round", ([1], [5, 8, 9, 6], S(10, stop_sequences=((8, 9),)))
+    yield "stop sequence across rounds", ([7, 8], [9, 1, 2], S(10, stop_sequences=((8, 9),)))
+    yield "stop sequence across two rounds back", ([7, 8], [9, 4, 2], S(10, stop_sequences=((7, 8, 9),)))
+    yield "stop sequence longer than the output", ([8], [9, 4], S(10, stop_sequences=((5, 8, 9),)))
+    yield "stop sequence of one token", ([1], [2, 3, 4], S(10, stop_sequences=((3,),)))
+    yield "empty output, stop at once", ([], [0, 1], S(5, (0,)))
+    yield "stop token already in the prompt's last token is no stop", ([], [4, 5], S(5, (3,)))
+    rng = torch.Generator().manual_seed(seed)
+
+    def rand(hi: int, size: int = 1) -> list[int]:
+        return torch.randint(0, hi, (size,), generator=rng).tolist()
+
+    made = 0
+    while made < n:
+        stop_ids = tuple(sorted(set(rand(6, rand(3)[0]))))
+        sequences = tuple(tuple(rand(4, 1 + rand(3)[0])) for _ in range(rand(3)[0]))
+        output = rand(6, rand(6)[0])
+        committed = rand(6, 1 + rand(6)[0])
+        stop = engine.StopCriteria(len(output) + 1 + rand(8)[0], stop_ids, sequences)
+        hit = any(t in stop_ids for t in output) or any(
+            output[: j + 1][-len(s):] == list(s) for j in range(len(output)) for s in sequences)
+        if hit:
+            continue  # not a reachable state: the request would have finished earlier
+        made += 1
+        yield f"random case {made}", (output, committed, stop)
+
+
+def check_accept_until_stop(fn: Callable) -> None:
+    """Equal to the reference on hand-picked and random reachable states; returns (list of ints,
+    bool); leaves the caller's lists alone."""
+    from specdec.checks.core import diagnose
+    from specdec.mistakes import for_exercise
+
+    history = []
+    for description, (output, committed, stop) in _stop_cases():
+        label = f"accept_until_stop({description}: output={output}, committed={committed}, {stop})"
+        before = (list(output), list(committed))
+        got = call(fn, label, output, committed, stop)
+        if (output, committed) != before:
+            raise CheckFailure(f"{label}: your function changed its arguments (output is now {output}, committed "
+                               f"{committed}). Build a new list: the caller's output must only grow by what you return.")
+        history.append(((list(output), list(committed), stop), got))
+        expected = engine.accept_until_stop(output, committed, stop)
+        ok_type = (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], list)
+                   and all(isinstance(t, int) and not isinstance(t, bool) for t in got[0]) and isinstance(got[1], bool))
+        if not ok_type:
+            raise CheckFailure(f"{label}: return a tuple (emitted, finished): a list of Python ints and a bool; got "
+                               f"{got!r}.")
+        if got != expected:
+            hint = diagnose(for_exercise("accept_until_stop"), history, rel=0.0)
+            raise CheckFailure(f"{label}: expected {expected}, got {got}. Walk the committed tokens in order; the "
+                               "first one that is the max_tokens-th new token, a stop token, or the end of a stop "
+                               "sequence (which may start in output) is the last one emitted, and finished is True."
+                               f"{hint}")
+
+
+# -- generate_until_stop -----------------------------------------------------------------
+
+
+@cache
+def _stop_scenarios(task: str, gamma: int = 4, n: int = 40) -> tuple[list[int], list[tuple]]:
+    """The shipped models' prompt for ``task`` and stops placed where the reference run commits
+    several tokens in one round, so that tokens follow the stop inside its round:
+    (description, StopCriteria, expected output, target forwards the run needs)."""
+    from specdec import corpus, tokenizer
+
+    target, draft = shipped_pair()
+    prompt = tokenizer.encode(corpus.math_prompts(2)[1] if task == "math" else corpus.code_prompts(2)[1])
+    base = engine.target_only_generate(target, prompt, n)
+    ends, position = [], 0
+    for r in engine.SpeculativeEngine(target, draft).generate(prompt, n, gamma).rounds:
+        position += r.committed
+        ends.append(position - 1)  # index of each round's last new token
+
+    def forwards(j: int) -> int:  # the prefill, then every round up to the one that commits new token j
+        return 1 + next(i for i, end in enumerate(ends) if end >= j) + 1
+
+    inside = [j for j in range(2, n - 1) if j not in ends and j - 1 not in ends]
+    spanning = [j for j in range(2, n - 1) if j not in ends and j - 1 in ends]
+    scenarios = [("max_tokens only", engine.StopCriteria(n), base, forwards(n - 1))]
+    if task == "math":
+        j = next(j for j in inside if base[j] not in base[:j])  # a stop token not seen before new token j
+        scenarios.append((f"stop token {base[j]} at new token {j}, inside a round", engine.StopCriteria(n, (base[j],)),
+                          base[: j + 1], forwards(j)))
+    else:
+        j = next(j for j in spanning if not any(base[i - 1 : i + 1] == base[j - 1 : j + 1] for i in range(1, j)))
+        scenarios.append((f"stop sequence {base[j - 1 : j + 1]} ending at new token {j}, starting in the previous "
+                          "round", engine.StopCriteria(n, stop_sequences=(tuple(base[j - 1 : j + 1]),)),
+                          base[: j + 1], forwards(j)))
+    j = inside[len(inside) // 2]
+    scenarios.append((f"max_tokens = {j + 1}, inside a round", engine.StopCriteria(j + 1), base[: j + 1], forwards(j)))
+    return prompt, scenarios
+
+
+@torch.inference_mode()
+def _check_cache_holds(label: str, who: str, model: Llama, cache, sequence: list[int], lengths: set[int]) -> None:
+    if not isinstance(cache, KVCache):
+        raise CheckFailure(f"{label}: return (output, target_cache, draft_cache) with the two KVCache objects; got a "
+                           f"{type(cache).__name__} for the {who}'s cache.")
+    if cache.length not in lengths:
+        want = " or ".join(str(n) for n in sorted(lengths))
+        raise CheckFailure(f"{label}: the {who}'s cache holds {cache.length} entries; after the last round it should "
+                           f"hold {want} (the prompt and the output but the last token{' or two' if len(lengths) > 1 else ''}"
+                           "). Roll back with the emitted tokens, not everything the round committed: the KV of tokens "
+                           "after the stop (and of rejected drafts) must go.")
+    rest = sequence[cache.length:]
+    got = model(torch.tensor([rest]), cache)[0, -1]
+    fresh = model(torch.tensor([sequence]))[0, -1]
+    if not torch.allclose(got, fresh, atol=1e-4, rtol=1e-4):
+        raise CheckFailure(f"{label}: the {who}'s cache has the right length but not the right contents: continuing it "
+                           "with the missing tokens does not give the logits of a fresh forward over prompt + output.")
+
+
+def check_generate_until_stop(fn: Callable) -> None:
+    """Greedy on the shipped models: stops inside rounds and across rounds give target-only greedy
+    cut at the stop, no forward after the finishing round, rounds per the walk-the-shapes rule and
+    caches that hold exactly the output; sampling: the truncated 3-token joint distribution."""
+    requires = [("accept_until_stop", check_accept_until_stop), ("propose", check_propose),
+                ("rollback", check_rollback)]
+    try:
+        _check_stops_greedy(fn)
+        _check_stops_sampling(fn)
+    except CheckFailure as failure:
+        raise CheckFailure(str(failure) + upstream_note(fn, requires)) from None
+
+
+def _check_stops_greedy(fn: Callable) -> None:
+    target, draft = shipped_pair()
+    gamma = 4
+    for task in ("math", "code"):
+        prompt, scenarios = _stop_scenarios(task, gamma)
+        for description, stop, expected, n_forwards in scenarios:
+            label = f"generate_until_stop(shipped models, {task} prompt, {description}, gamma={gamma}, greedy)"
+            t_rec, d_rec = RecordingModel(target, keep_logits=True), RecordingModel(draft)
+            result = call(fn, label, t_rec, d_rec, list(prompt), stop, gamma, GREEDY, None)
+            if not (isinstance(result, tuple) and len(result) == 3):
+                raise CheckFailure(f"{label}: return (output, target_cache, draft_cache); got {type(result).__name__}.")
+            output, t_cache, d_cache = result
+            got = expect_token_list(label, output, len(output) if isinstance(output, list) else -1)
+            if got != expected:
+                first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+                raise CheckFailure(
+                    f"{label}: expected {len(expected)} new tokens ending {expected[-4:]} (target-only greedy cut at "
+                    f"the stop), got {len(got)} ending {got[-4:]}; they first differ at new token {first}. Nothing "
+                    "after the token that ends the request may be emitted, and the request ends there.")
+            _check_rounds(label, prompt, gamma, t_rec, d_rec)
+            if len(t_rec.calls) != n_forwards:
+                raise CheckFailure(f"{label}: the target ran {len(t_rec.calls)} forwards; the request ends in the round "
+                                   f"that reaches the stop, {n_forwards} forwards with the prefill. Stop the loop as "
+                                   "soon as a round finishes the request.")
+            L = len(prompt) + len(expected) - 1
+            _check_cache_holds(label, "target", target, t_cache, prompt + expected, {L})
+            _check_cache_holds(label, "draft", draft, d_cache, prompt + expected, {L, L - 1})
+
+
+def _check_stops_sampling(fn: Callable, n: int = 1500) -> None:
+    target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
+    params, prompt = SAMPLING_PARAMS[1], [1, 2]
+    stop = engine.StopCriteria(3, stop_token_ids=(0,))
+    exact: dict[tuple[int, ...], float] = {}
+    for seq, prob in target_joint(target, prompt, params).items():
+        cut = next((i + 1 for i, t in enumerate(seq) if t == 0), 3)
+        exact[seq[:cut]] = exact.get(seq[:cut], 0.0) + prob
+    g = torch.Generator().manual_seed(0)
+    label = f"generate_until_stop(small random models, prompt={prompt}, {stop}, gamma=2, params={params})"
+    runs = []
+    for _ in range(n):
+        result = call(fn, label, target, draft, prompt, stop, 2, params, g)
+        output = result[0] if isinstance(result, tuple) and result else result
+        runs.append(tuple(expect_token_list(label, output, len(output) if isinstance(output, list) else -1)))
+    compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the output",
+                        hint="Verify as in speculative_generate, then cut the committed tokens at the first stop.")

@@ -169,6 +169,70 @@ def check_verify_logits(fn: Callable) -> None:
                            f"of O(gamma).")
 
 
+def _stream_cases():
+    """(label, args) of stream_counts: hand-picked rows, then random batches whose rows differ."""
+    def batch(rows, gamma, eos, max_tokens):
+        tokens = torch.full((len(rows), gamma + 1), -1, dtype=torch.long)
+        for b, (committed, _) in enumerate(rows):
+            tokens[b, : len(committed)] = torch.tensor(committed)
+        n = torch.tensor([len(c) for c, _ in rows])
+        generated = torch.tensor([g for _, g in rows])
+        return tokens, n, generated, eos, torch.tensor(max_tokens)
+
+    yield "EOS second of four committed, no limit near", batch([([5, 2, 7, 9], 3)], 3, 2, [50])
+    yield "EOS last (the target's own token)", batch([([5, 6, 2], 3)], 3, 2, [50])
+    yield "max_tokens inside the round", batch([([5, 6, 7, 8], 8)], 3, 2, [10])
+    yield "EOS after the max_tokens cut", batch([([5, 6, 7, 2], 8)], 3, 2, [10])
+    yield "EOS exactly at the max_tokens-th token", batch([([5, 6, 2, 8], 8)], 3, 2, [11])
+    yield "two EOS: the first ends it", batch([([2, 6, 2, 8], 0)], 3, 2, [50])
+    yield "rows that differ", batch([([5, 2, 7, 9], 3), ([5, 6, 7, 8], 8), ([4], 0), ([7, 7, 2], 1)], 3, 2,
+                                    [50, 10, 30, 2])
+    g = torch.Generator().manual_seed(12)
+    for i in range(25):
+        B, gamma = int(torch.randint(1, 7, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g))
+        rows, limits = [], []
+        for _ in range(B):
+            n = int(torch.randint(1, gamma + 2, (1,), generator=g))
+            rows.append((torch.randint(0, 5, (n,), generator=g).tolist(), int(torch.randint(0, 12, (1,), generator=g))))
+            limits.append(rows[-1][1] + int(torch.randint(1, 7, (1,), generator=g)))
+        yield f"random batch {i}", batch(rows, gamma, 3, limits)
+
+
+def check_stream_counts(fn: Callable) -> None:
+    """Every case against the reference, row by row; long counts and bool flags; no Python loop
+    over rows and no host sync."""
+    history = []
+    cases = list(_stream_cases())
+    for label, args in cases:
+        tokens, n, generated, eos, limit = args
+        shown = (f"stream_counts({label}: tokens={tokens.tolist()}, n_committed={n.tolist()}, generated="
+                 f"{generated.tolist()}, eos_id={eos}, max_tokens={limit.tolist()})")
+        got = call(fn, shown, *args)
+        history.append((args, got))
+        want = ref.stream_counts(*args)
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
+                and all(tuple(t.shape) == (len(n),) for t in got)):
+            raise CheckFailure(f"{shown}: return (stream, finished), two tensors of shape ({len(n)},); got {got!r}"[:500])
+        if got[0].dtype != torch.long or got[1].dtype != torch.bool:
+            raise CheckFailure(f"{shown}: stream must be a long tensor and finished a bool tensor, got {got[0].dtype} "
+                               f"and {got[1].dtype}.")
+        for b in range(len(n)):
+            if int(got[0][b]) != int(want[0][b]) or bool(got[1][b]) != bool(want[1][b]):
+                raise CheckFailure(
+                    f"{shown}: row {b}: expected stream {int(want[0][b])}, finished {bool(want[1][b])}; got "
+                    f"{int(got[0][b])}, {bool(got[1][b])}. A row streams up to and including its first EOS and never "
+                    "past its own max_tokens-th token; it is finished when either happened."
+                    + diagnose(for_exercise("stream_counts"), history))
+    names = torch_function_names(fn, *cases[6][1])
+    syncs = names & {"item", "tolist", "__bool__", "__int__", "__index__", "numpy", "cpu", "nonzero", "argwhere",
+                     "masked_select", "unique"}
+    if syncs:
+        raise CheckFailure(f"stream_counts calls {sorted(syncs)}: each waits for the GPU. Use fixed-shape tensor "
+                           "operations (comparisons, argmax, where, minimum).")
+    small, large = cases[0][1], cases[6][1]
+    expect_no_loop_over(fn, "stream_counts", small, large, "rows")
+
+
 # -- the interview drill -----------------------------------------------------------------------------------------
 
 

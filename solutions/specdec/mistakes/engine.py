@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdec.chain import verify_chain
-from specdec.engine import GREEDY, propose, rollback
+from specdec.engine import GREEDY, StopCriteria, accept_until_stop, propose, rollback
 from specdec.greedy import greedy_verify
 from specdec.mistakes import Mistake
 from specdec.model import KVCache
@@ -124,6 +124,58 @@ def _no_catch_up(target_cache, draft_cache, P, drafts, committed):
     return _rollback(target_cache, draft_cache, P, drafts, committed, catch_up=False)
 
 
+def _accept(output, committed, stop: StopCriteria, *, check_after_round=False, stop_before_append=False,
+            sequences_in_round_only=False, max_tokens_after_round=False, max_tokens_off_by_one=0,
+            never_finished=False, stop_ids_on_drafts_only=False):
+    """accept_until_stop with one rule broken (each keyword is one wrong reading of the statement)."""
+    text = list(output)
+    for i, token in enumerate(committed):
+        if stop_before_append and token in stop.stop_token_ids:
+            return list(committed[:i]), not never_finished
+        text.append(token)
+        window = text[len(output):] if sequences_in_round_only else text
+        is_stop = (token in stop.stop_token_ids and not (stop_ids_on_drafts_only and i == len(committed) - 1)) or \
+            any(window[-len(seq):] == list(seq) for seq in stop.stop_sequences)
+        at_max = not max_tokens_after_round and len(text) == stop.max_tokens + max_tokens_off_by_one
+        if (is_stop or at_max) and not check_after_round:
+            return list(committed[: i + 1]), not never_finished
+    if check_after_round and (any(t in stop.stop_token_ids for t in committed) or len(text) >= stop.max_tokens):
+        return list(committed), True
+    if max_tokens_after_round and len(text) >= stop.max_tokens:
+        return list(committed[: stop.max_tokens - len(output)]), True
+    return list(committed), False
+
+
+def _until_stop(target, draft, prompt, stop, gamma, params=GREEDY, generator=None, *, roll_with_committed=False,
+                truncate_at_end=False, accept=accept_until_stop):
+    """generate_until_stop with one step wrong."""
+    t_cache, d_cache = KVCache(target.config), KVCache(draft.config)
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), t_cache)
+        draft(torch.tensor([prompt[:-1]]), d_cache)
+    output, pending, finished, everything = [], list(prompt[-1:]), False, []
+    while not finished:
+        P = len(prompt) + len(everything if truncate_at_end else output)
+        drafts, q = propose(draft, d_cache, pending, gamma, params, generator)
+        last = (everything if truncate_at_end else output)[-1:] or list(prompt[-1:])
+        logits = target(torch.tensor([last + drafts]), t_cache)[0]
+        if params.temperature == 0:
+            committed = greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        if truncate_at_end:  # run to max_tokens, cut at the first stop afterwards
+            everything += committed
+            pending = rollback(t_cache, d_cache, P, drafts, committed)
+            finished = len(everything) >= stop.max_tokens
+            if finished:
+                output, _ = accept([], everything, stop)
+            continue
+        emitted, finished = accept(output, committed, stop)
+        output += emitted
+        pending = rollback(t_cache, d_cache, P, drafts, committed if roll_with_committed else emitted)
+    return output, t_cache, d_cache
+
+
 MISTAKES = [
     Mistake("target_only_generate", "no_cache", lambda *a: _plain(*a, use_cache=False),
             "Use the KV cache: prefill once, then one position per step."),
@@ -161,4 +213,28 @@ MISTAKES = [
             "Prefill prompt[:-1]: the last prompt token is the first round's input."),
     Mistake("speculative_generate", "greedy_verify_when_sampling", lambda *a: _generate(*a, always_greedy=True),
             "At temperature > 0 verify with verify_chain."),
+    Mistake("accept_until_stop", "checks_after_the_round", lambda *a: _accept(*a, check_after_round=True),
+            "Check every committed token as you go: a stop in the middle of the round ends the output there, and the "
+            "tokens after it are never emitted."),
+    Mistake("accept_until_stop", "drops_the_stop_token", lambda *a: _accept(*a, stop_before_append=True),
+            "The stop token itself is part of the output: emit it, then stop."),
+    Mistake("accept_until_stop", "stop_sequence_within_round_only", lambda *a: _accept(*a, sequences_in_round_only=True),
+            "A stop sequence can start in an earlier round: match it against output + the tokens of this round."),
+    Mistake("accept_until_stop", "max_tokens_after_the_round", lambda *a: _accept(*a, max_tokens_after_round=True),
+            "max_tokens is a stop like the others: the max_tokens-th new token ends the request, even if a stop "
+            "token comes later in the same round."),
+    Mistake("accept_until_stop", "max_tokens_one_late", lambda *a: _accept(*a, max_tokens_off_by_one=1),
+            "Finish at the max_tokens-th new token (len(output) + emitted == max_tokens), not one after."),
+    Mistake("accept_until_stop", "never_finishes", lambda *a: _accept(*a, never_finished=True),
+            "Return finished = True when a stop ends the request, so the loop stops."),
+    Mistake("accept_until_stop", "stop_ids_on_drafts_only", lambda *a: _accept(*a, stop_ids_on_drafts_only=True),
+            "The target's own token (the correction or the bonus, last in committed) can be a stop token too."),
+    Mistake("generate_until_stop", "rolls_back_with_committed", lambda *a: _until_stop(*a, roll_with_committed=True),
+            "Roll back with the emitted tokens: the caches must not keep the KV of tokens after the stop."),
+    Mistake("generate_until_stop", "truncates_at_the_end", lambda *a: _until_stop(*a, truncate_at_end=True),
+            "Stop the loop in the round that reaches the stop; running on to max_tokens wastes forwards and leaves "
+            "caches that hold tokens nobody sees."),
+    Mistake("generate_until_stop", "emits_whole_round",
+            lambda *a: _until_stop(*a, accept=lambda o, c, s: _accept(o, c, s, check_after_round=True)),
+            "Cut each round's committed tokens at the first stop (accept_until_stop)."),
 ]

@@ -31,6 +31,20 @@ def _drafts_only(target, cache, sequence, drafts):
     return target(torch.tensor([drafts]), cache)[0]
 
 
+def _stream(tokens, n_committed, generated, eos_id, max_tokens, *, drop_eos=False, no_limit=False, late=0,
+            row_zero=False):
+    """stream_counts with one rule broken."""
+    if row_zero:  # the first request's numbers for every row
+        n_committed, generated, max_tokens = (x[:1].expand_as(x) for x in (n_committed, generated, max_tokens))
+    positions = torch.arange(tokens.shape[1])
+    is_eos = (tokens == eos_id) & (positions < n_committed[:, None])
+    has_eos = is_eos.any(-1)
+    through = torch.where(has_eos, is_eos.long().argmax(-1) + (0 if drop_eos else 1), n_committed)
+    stream = through if no_limit else torch.minimum(through, max_tokens - generated + late)
+    finished = has_eos | (generated + stream >= max_tokens + late)
+    return stream.long(), finished
+
+
 MISTAKES = [
     Mistake("draft_propose", "greedy_softmax_q", shipped.draft_propose,
             "a draft that always proposes its argmax has a one-hot q; reporting the sampling distribution instead makes "
@@ -62,4 +76,15 @@ MISTAKES = [
             "feed only the last committed token and the drafts through the cache"),
     Mistake("verify_logits", "drafts_only", _drafts_only,
             "feed the last committed token too: its logits score the first draft, and the cache needs its K and V"),
+    Mistake("stream_counts", "streams_whole_round", shipped.stream_counts,
+            "a round commits up to gamma + 1 tokens at once, but nothing after the first EOS (or past max_tokens) may "
+            "be streamed: cut each row at its first stop"),
+    Mistake("stream_counts", "drops_the_eos", lambda *a: _stream(*a, drop_eos=True),
+            "the EOS itself is streamed (it ends the output); stop after it, not before it"),
+    Mistake("stream_counts", "ignores_max_tokens", lambda *a: _stream(*a, no_limit=True),
+            "max_tokens counts the tokens of earlier rounds too: a row may stream at most max_tokens - generated"),
+    Mistake("stream_counts", "max_tokens_one_late", lambda *a: _stream(*a, late=1),
+            "the max_tokens-th token is the last one: stream at most max_tokens - generated"),
+    Mistake("stream_counts", "row_zero_for_all", lambda *a: _stream(*a, row_zero=True),
+            "every row has its own committed count, history and limit: use row b's values for row b"),
 ]
