@@ -1,5 +1,6 @@
 # Speculative Decoding course. `make lab` to learn, `make test` to check everything.
-# Overridable: PYTHON, VENV, HOST, PORT, BROWSER=no, NB (notebooks to grade), PYTEST_ARGS, PIP_ARGS.
+# Overridable: PYTHON, VENV, HOST, PORT, BROWSER=no, NB (notebooks to grade), CELL_TIMEOUT (seconds per cell when
+# grading), PYTEST_ARGS, PIP_ARGS.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,11 +13,11 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-kernels bench-cohort clean distclean
+.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
-	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook)"
+	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine)"
 	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
@@ -26,6 +27,7 @@ help:
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
 	@echo "make bench-cohort  time cohort grading of 100 mixed submissions of notebook 02 (2 workers)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
+	@echo "make bench-cells  time every graded test cell of the instructor notebooks (one thread; budget 10 s each)"
 	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
 
 # The environment: created once, reinstalled only when pyproject.toml changes.
@@ -57,7 +59,7 @@ release: $(STAMP)
 	$(BIN)/python -m specdec.release
 
 grade: $(STAMP)
-	@$(BIN)/python -m specdec.grading $(NB)
+	@$(BIN)/python -m specdec.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),)
 
 grade-cohort: $(STAMP)
 	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }
@@ -77,6 +79,9 @@ bench-cohort: $(STAMP)
 
 bench-kernels: $(STAMP)
 	$(BIN)/python -m specdec.bench_kernels
+
+bench-cells: $(STAMP)
+	$(BIN)/python -m specdec.bench_cells $(NB)
 
 clean:
 	rm -rf .grades .pytest_cache .hypothesis

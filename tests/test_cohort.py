@@ -119,8 +119,10 @@ def test_unreadable_and_foreign_notebooks_are_named_not_graded(graded):
 
 
 def test_a_stuck_or_crashing_answer_loses_only_its_own_points(graded):
-    totals, _ = graded
+    totals, out = graded
     assert 0 < _score(totals, "endless") < FULL  # the other exercises still count
+    rows = [r for r in csv.DictReader(open(out / "grades.csv")) if r["student"] == "endless"]
+    assert any("timed out: the cell ran past the per-cell limit of 8 s" in " ".join(r.values()) for r in rows), rows
     for student in ("exits", "segfault"):
         assert "kernel died" in totals[student]["messages"], totals[student]
         assert _score(totals, student) < FULL

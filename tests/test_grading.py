@@ -108,7 +108,9 @@ def test_error_in_a_solution_cell_is_named_for_the_tests_that_need_it(tmp_path):
     path.write_text(json.dumps(nb))
     messages = _cell_messages(path)
     assert messages["residual_test"] == "NameError: name 'residual' is not defined; the cell residual raised SyntaxError: invalid syntax"
-    assert "time limit" in messages["slow_test"]
+    assert messages["slow_test"].startswith("timed out") and "limit of 120 s" in messages["slow_test"]
+    assert "CELL_TIMEOUT" in messages["slow_test"] and "--cell-timeout" in messages["slow_test"]
+    assert "limit of 30 s" in _cell_messages(path, 30)["slow_test"]
 
 
 def test_written_answers_are_listed_for_an_instructor_and_kept_out_of_the_total():

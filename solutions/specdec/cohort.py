@@ -317,7 +317,7 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
             sub.messages.append(f"printed too much: {cut / 1e6:.1f} MB of output cut from the feedback (each output "
                                 f"keeps its first {OUTPUT_LIMIT // 1000} kB; the scores are unaffected)")
     try:
-        sub.grades = read_grades(course, sub.assignment, sub.student)
+        sub.grades = read_grades(course, sub.assignment, sub.student, limits.cell_timeout_s)
         sub.graded = True
     except Exception:  # no gradebook entry: autograde never got to record this submission
         sub.messages.append("nbgrader could not grade this notebook; its log: "

@@ -92,9 +92,22 @@ def submit(course_root: Path, slug: str, student: str, notebook: Path | nbformat
     return dest
 
 
-def autograde(course_root: Path, slug: str, student: str = "*", timeout: float | None = None) -> None:
+#: nbgrader's per-cell limit for the course (seconds), as grader/nbgrader_config.py sets it.
+CELL_TIMEOUT_S = 120
+
+
+def autograde(course_root: Path, slug: str, student: str = "*", timeout: float | None = None,
+              cell_timeout_s: float = CELL_TIMEOUT_S) -> None:
     """``nbgrader autograde`` of one student, or of all ("*"); hidden tests restored from the source."""
-    run_nbgrader(course_root, "autograde", slug, f"--student={student}", "--force", timeout=timeout)
+    run_nbgrader(course_root, "autograde", slug, f"--student={student}", "--force",
+                 f"--Execute.timeout={int(cell_timeout_s)}", timeout=timeout)
+
+
+def timeout_message(cell_timeout_s: float) -> str:
+    """What a learner or an instructor reads when nbgrader stopped a cell at its time limit."""
+    return (f"timed out: the cell ran past the per-cell limit of {cell_timeout_s:g} s and was stopped, so it scored 0 "
+            "(the code it tests is too slow or never ends, or the machine was busy). Rerun on a quiet machine, or "
+            "raise the limit: `make grade CELL_TIMEOUT=300` (cohorts: `--cell-timeout 300`)")
 
 
 def _error_line(out: dict) -> str:
@@ -102,7 +115,7 @@ def _error_line(out: dict) -> str:
     return f"{out.get('ename')}: {first[0] if first else ''}".strip()
 
 
-def _cell_messages(notebook_path: Path) -> dict[str, str]:
+def _cell_messages(notebook_path: Path, cell_timeout_s: float = CELL_TIMEOUT_S) -> dict[str, str]:
     """grade_id -> first line of what went wrong in that cell (error or stderr)."""
     if not notebook_path.exists():
         return {}
@@ -123,8 +136,7 @@ def _cell_messages(notebook_path: Path) -> dict[str, str]:
                     where = _innermost_function("\n".join(out.get("traceback", [])))
                     messages[meta["grade_id"]] = f"not done yet ({where or 'the skeleton'} still raises NotImplementedError)"
                 elif out.get("ename") in ("KeyboardInterrupt", "CellTimeoutError"):
-                    messages[meta["grade_id"]] = ("the cell ran past the per-cell time limit and was stopped: the code it "
-                                                  "tests is too slow or never finishes")
+                    messages[meta["grade_id"]] = timeout_message(cell_timeout_s)
                 elif out.get("ename") == "NameError" and broken_above:
                     messages[meta["grade_id"]] = f"{_error_line(out)}; the cell {broken_above}"
                 elif out.get("ename") == "CheckFailure":  # the course's own checks: the message says it all
@@ -146,11 +158,11 @@ def _innermost_function(traceback_text: str) -> str:
     return names[-1] if names else ""
 
 
-def read_grades(course_root: Path, slug: str, student: str) -> list[CellGrade]:
+def read_grades(course_root: Path, slug: str, student: str, cell_timeout_s: float = CELL_TIMEOUT_S) -> list[CellGrade]:
     """Scores of every graded cell of ``student``'s ``slug``, from the gradebook."""
     from nbgrader.api import Gradebook
 
-    messages = _cell_messages(course_root / "autograded" / student / slug / f"{slug}.ipynb")
+    messages = _cell_messages(course_root / "autograded" / student / slug / f"{slug}.ipynb", cell_timeout_s)
     written = _written_ids(source_notebook(slug))
     db_url = f"sqlite:///{course_root / 'gradebook.db'}"
     rows = []

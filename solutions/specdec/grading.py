@@ -21,6 +21,7 @@ from pathlib import Path
 import nbformat
 
 from specdec.course import (
+    CELL_TIMEOUT_S,
     CellGrade,
     NbgraderError,
     assignments,
@@ -82,7 +83,8 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
 Result = tuple[str, list[CellGrade] | str]
 
 
-def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> list[Result]:
+def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR,
+          cell_timeout_s: float = CELL_TIMEOUT_S) -> list[Result]:
     """Grade each (slug, path) in turn: (slug, cell grades), or (slug, why it could not be graded)."""
     results: list[Result] = []
     feedback_dir = report_dir / "feedback"
@@ -93,8 +95,8 @@ def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR) -> lis
                 nb = read_submission(path)
                 generate(root, slug)
                 submit(root, slug, STUDENT, nb)
-                autograde(root, slug, STUDENT)
-                cells = read_grades(root, slug, STUDENT)
+                autograde(root, slug, STUDENT, cell_timeout_s=cell_timeout_s)
+                cells = read_grades(root, slug, STUDENT, cell_timeout_s)
                 run_nbgrader(root, "generate_feedback", slug, f"--student={STUDENT}", "--force")
                 html = root / "feedback" / STUDENT / slug / f"{slug}.html"
                 if html.exists():
@@ -152,10 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", help="notebooks to grade (path, file name or number); default: all")
     parser.add_argument("--dir", type=Path, default=NOTEBOOKS_DIR, help="folder of your notebooks (default: notebooks/)")
     parser.add_argument("--report-dir", type=Path, default=REPORT_DIR, help="where HTML feedback goes (default: .grades/)")
+    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S,
+                        help=f"seconds one cell may run before it is stopped (default {CELL_TIMEOUT_S})")
     args = parser.parse_args(argv)
+    if args.cell_timeout <= 0:
+        parser.error(f"--cell-timeout must be > 0, got {args.cell_timeout:g}")
     targets = _resolve(args.notebooks, args.dir)
     print(f"grading {len(targets)} notebook(s) (a copy; your files are not changed)...", flush=True)
-    results = grade(targets, args.report_dir)
+    results = grade(targets, args.report_dir, args.cell_timeout)
     print(format_table(results))
     for slug, cells in results:
         if isinstance(cells, str) and "\n" in cells:

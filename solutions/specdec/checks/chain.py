@@ -8,7 +8,8 @@ from collections.abc import Callable
 import torch
 
 from specdec import chain
-from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, upstream_note
+from specdec.checks.core import (CheckFailure, call, compare_cases, expect_no_loop_over, expect_reproducible,
+                                 single_threaded, upstream_note)
 from specdec.checks.greedy import CountingLM
 from specdec.checks.stats import compare_frequencies
 from specdec.greedy import PAD
@@ -44,6 +45,7 @@ def _describe(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> str:
     return f"draft={draft.tolist()}, p={rows(p)}, q={rows(q)}"
 
 
+@single_threaded
 def check_verify_chain(fn: Callable, n: int = 3000) -> None:
     """Seeded Monte Carlo of the committed tuple against its exact distribution, per scenario."""
     for desc, p, q, draft in _scenarios():
@@ -54,8 +56,13 @@ def check_verify_chain(fn: Callable, n: int = 3000) -> None:
             got = call(fn, label, p, q, draft, g)
             if not isinstance(got, torch.Tensor) or got.ndim != 1 or not 1 <= len(got) <= len(draft) + 1:
                 raise CheckFailure(f"{label}: return a 1-D tensor of 1 to gamma + 1 committed tokens, got {got!r}")
+            if got.dtype != torch.long:
+                raise CheckFailure(f"{label}: return a long (int64) tensor of token ids, got {got.dtype}")
             outputs.append(tuple(int(t) for t in got))
         compare_frequencies(outputs, chain.outcome_distribution(p, q, draft), label, hint=_sampler_hint("verify_chain"))
+    p, q, draft, _ = _batch(1, 4, V=40)
+    expect_reproducible(fn, "verify_chain(gamma=4, V=40, generator)",
+                        lambda seed: (p[0], q[0], draft[0], torch.Generator().manual_seed(seed)), seeds=range(5))
 
 
 def _sampler_hint(exercise: str) -> str:
@@ -95,6 +102,7 @@ def check_best_gamma_measured(fn: Callable) -> None:
                   requires=[("expected_committed_length", check_expected_committed_length)])
 
 
+@single_threaded
 def check_verify_chain_batched(fn: Callable, rows_per_scenario: int = 4000) -> None:
     """All scenarios stacked in one batch (ragged acceptance), then B = 1 and gamma = 1."""
     by_gamma: dict[int, list] = {}
@@ -119,6 +127,9 @@ def check_verify_chain_batched(fn: Callable, rows_per_scenario: int = 4000) -> N
     desc, p, q, draft = _scenarios()[0]
     got = call(fn, "verify_chain_batched(B=1)", p[None], q[None], draft[None], torch.Generator().manual_seed(0))
     _unpack(got, "verify_chain_batched(B=1)", 1, len(draft))
+    p, q, draft, _ = _batch(16, 4, V=40)
+    expect_reproducible(fn, "verify_chain_batched(B=16, gamma=4, V=40, generator)",
+                        lambda seed: (p, q, draft, torch.Generator().manual_seed(seed)))
     expect_no_loop_over(fn, "verify_chain_batched", _batch(8, 3), _batch(64, 3), "rows")
     expect_no_loop_over(fn, "verify_chain_batched", _batch(8, 1), _batch(8, 5), "positions")
 
@@ -135,6 +146,9 @@ def _unpack(got, label: str, B: int, gamma: int) -> tuple[torch.Tensor, torch.Te
     if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
         raise CheckFailure(f"{label}: return (tokens, n_committed) as two tensors")
     tokens, n_committed = got
+    if tokens.dtype != torch.long or n_committed.dtype != torch.long:
+        raise CheckFailure(f"{label}: tokens and n_committed must be long (int64) tensors, got {tokens.dtype} and "
+                           f"{n_committed.dtype}")
     if tuple(tokens.shape) != (B, gamma + 1) or tuple(n_committed.shape) != (B,):
         raise CheckFailure(f"{label}: expected tokens of shape ({B}, {gamma + 1}) and n_committed ({B},), got "
                            f"{tuple(tokens.shape)} and {tuple(n_committed.shape)}")
@@ -148,6 +162,7 @@ def _unpack(got, label: str, B: int, gamma: int) -> tuple[torch.Tensor, torch.Te
     return tokens, n_committed
 
 
+@single_threaded
 def check_speculative_round(fn: Callable, n: int = 2500) -> None:
     """Exact round distributions (by enumeration) at temperatures 0, 0.5, 1 and 1.5; one target call."""
     try:
@@ -187,3 +202,7 @@ def _check_round(fn: Callable, n: int) -> None:
             outputs.append(tuple(int(t) for t in got))
         exact = chain.round_outcome_distribution(target, draft, context, gamma, temperature)
         compare_frequencies(outputs, exact, label, hint=_sampler_hint("speculative_round"))
+    wide_target = ToyLM(30, seed=7, scale=0.5)
+    wide_draft = wide_target.noisy_copy(1.0, seed=8)
+    expect_reproducible(fn, "speculative_round(V=30, gamma=3, temperature=1.0, generator)",
+                        lambda seed: (wide_target, wide_draft, context, 3, 1.0, torch.Generator().manual_seed(seed)))

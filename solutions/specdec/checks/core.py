@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -128,7 +129,23 @@ def expect_equal(fn: Callable, args: tuple, expected: Any, label: str | None = N
             wrong = [f"{f.name} should be {getattr(expected, f.name)!r}, got {getattr(got, f.name)!r}"
                      for f in dataclasses.fields(expected) if getattr(got, f.name) != getattr(expected, f.name)]
             raise CheckFailure(f"{label}: " + "; ".join(wrong) + f".{hint}")
-        raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}")
+        raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{where_lists_differ(expected, got)}{hint}")
+
+
+def where_lists_differ(expected: Any, got: Any) -> str:
+    """For two sequences (lists, tuples, strings, 1-D tensors), where they first differ and their lengths."""
+    def as_list(x: Any) -> list | None:
+        if isinstance(x, torch.Tensor) and x.dim() == 1:
+            return x.tolist()
+        if isinstance(x, (list, tuple, str)):
+            return list(x)
+        return None
+
+    a, b = as_list(expected), as_list(got)
+    if a is None or b is None or a == b:
+        return ""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f" They first differ at index {first} (expected length {len(a)}, yours {len(b)})."
 
 
 def expect_close(fn: Callable, args: tuple, expected: float, label: str | None = None, rel: float = 1e-6) -> None:
@@ -221,8 +238,9 @@ def compare_cases(
             raise not_implemented(fn, label, err) from None
         except Exception as err:
             history.append((args, err))
-            hint = diagnose(mistakes, history, rel=rel)
-            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{upstream_note(fn, requires)}") from None
+            note = upstream_note(fn, requires)  # a wrong function this one calls explains it better than a hint
+            hint = "" if note else diagnose(mistakes, history, rel=rel)
+            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{note}") from None
         if isinstance(got, torch.Tensor):
             raise CheckFailure(f"{label} returned a tensor ({got!r}); return a Python {'int' if integer else 'float'} "
                                f"(use {'int' if integer else 'float'}(...) or .item()).")
@@ -230,7 +248,59 @@ def compare_cases(
             raise CheckFailure(f"{label} returned {fmt(got)} of type {type(got).__name__}; return an int.")
         history.append((args, got))
         if not close(got, expected, rel=rel):
-            hint = diagnose(mistakes, history, rel=rel)
-            raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}{upstream_note(fn, requires)}")
+            note = upstream_note(fn, requires)
+            hint = "" if note else diagnose(mistakes, history, rel=rel)
+            raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}{note}")
         count += 1
     return count
+
+
+def expect_reproducible(fn: Callable, label: str, make_args: Callable[[int], tuple], seeds: Sequence[int] = (0, 1, 2)) -> None:
+    """The statement promises seeded reproducibility: fn(*make_args(seed)) twice, with torch's global
+    RNG in different states, must give the same result. An answer that draws from the global RNG
+    (torch.rand without generator=...) instead of the generator it was given fails. The global RNG
+    is restored afterwards."""
+    state = torch.get_rng_state()
+    try:
+        for seed in seeds:
+            results = []
+            for global_seed in (1_000 + seed, 2_000 + seed):
+                torch.manual_seed(global_seed)
+                results.append(call(fn, label, *make_args(seed)))
+            if not same(_comparable(results[0]), _comparable(results[1])):
+                raise CheckFailure(
+                    f"{label}: called twice with a generator seeded {seed}, it returned {_short(results[0])} and then "
+                    f"{_short(results[1])}. Draw every random number from the generator you are given "
+                    "(torch.rand(..., generator=generator), torch.multinomial(..., generator=generator), or "
+                    "specdec.sampling.sample(probs, generator)), never from torch's global random state: the same "
+                    "seed must give the same result.")
+    finally:
+        torch.set_rng_state(state)
+
+
+def _comparable(value: Any) -> Any:
+    """Lists become tuples (recursively) so that ``same`` can compare nested results."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_comparable(v) for v in value)
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value.tolist() if isinstance(value, torch.Tensor) else value)
+    return text if len(text) < 120 else text[:117] + "..."
+
+
+def single_threaded(check: Callable) -> Callable:
+    """Run a check on one torch thread (restored afterwards). Checks make thousands of tiny forwards;
+    on a busy machine (a shared grading server, a laptop doing other work) PyTorch's thread pool makes
+    each of them many times slower, and a correct answer could run past nbgrader's per-cell limit."""
+    @functools.wraps(check)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run

@@ -16,7 +16,7 @@ from functools import cache
 import torch
 
 from specdec import engine
-from specdec.checks.core import CheckFailure, call, upstream_note
+from specdec.checks.core import CheckFailure, call, expect_reproducible, single_threaded, upstream_note
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import GREEDY, RecordingModel, SamplingParams
 from specdec.greedy import greedy_verify
@@ -75,6 +75,7 @@ def expect_token_list(label: str, got, n_tokens: int) -> list[int]:
 # -- target_only_generate --------------------------------------------------------------
 
 
+@single_threaded
 def check_target_only_generate(fn: Callable) -> None:
     """Greedy: equal to the reference on small random models and the shipped ones, one
     cached forward per token; sampling: three tokens follow the exact joint distribution."""
@@ -99,6 +100,9 @@ def check_target_only_generate(fn: Callable) -> None:
             raise CheckFailure(f"{label}: expected {expected[:12]}..., got {str(got)[:80]}. Greedy picks the argmax "
                                "of the last position's logits (params.probs gives a one-hot at temperature 0).")
     _check_sampling(fn, "target_only_generate")
+    target = tiny_pair()[0]
+    expect_reproducible(fn, "target_only_generate(small random model, prompt=[1, 2], n_tokens=8, temperature 1)",
+                        lambda seed: (target, [1, 2], 8, SamplingParams(1.0), torch.Generator().manual_seed(seed)))
 
 
 # -- rollback -----------------------------------------------------------------------
@@ -150,6 +154,7 @@ def _target_hint(got: int, P: int, k: int, gamma: int) -> str:
 # -- propose ------------------------------------------------------------------------
 
 
+@single_threaded
 def check_propose(fn: Callable) -> None:
     """Drafts, q rows and cache growth for greedy and sampling, 1 or 2 pending tokens;
     then the joint distribution of two sampled drafts by seeded Monte Carlo."""
@@ -171,6 +176,10 @@ def check_propose(fn: Callable) -> None:
                                f"{getattr(q, 'shape', q)!r}")
         if any(c.cache is not cache for c in recorder.calls):
             raise CheckFailure(f"{label}: call the draft with the cache it was given, every time.")
+        if len(recorder.calls) != gamma:
+            raise CheckFailure(f"{label}: the draft ran {len(recorder.calls)} forwards (fed "
+                               f"{[c.tokens for c in recorder.calls]}); {gamma} drafts need exactly gamma = {gamma}: "
+                               "all pending tokens in the first forward, then each new draft alone, never the last.")
         if cache.length != len(context) + gamma - 1:
             extra = cache.length - (len(context) + gamma - 1)
             raise CheckFailure(
@@ -195,6 +204,13 @@ def check_propose(fn: Callable) -> None:
                                f"{want.argmax(-1).tolist()}, got {drafts}.")
     _check_propose_samples(fn, tiny_pair(vocab=6, noise=0.5, seed=3)[1])
 
+    def fresh(seed: int) -> tuple:
+        cache = KVCache(draft.config)
+        draft(torch.tensor([context[:-1]]), cache)
+        return draft, cache, context[-1:], 4, SamplingParams(1.0), torch.Generator().manual_seed(seed)
+
+    expect_reproducible(lambda *a: fn(*a)[0], "propose(small random draft, gamma=4, temperature 1): the drafts", fresh)
+
 
 def _check_propose_samples(fn: Callable, draft: Llama, n: int = 1500) -> None:
     params, context, gamma = SamplingParams(1.0), [3, 1, 4, 1, 5], 2
@@ -217,6 +233,7 @@ def _check_propose_samples(fn: Callable, draft: Llama, n: int = 1500) -> None:
 # -- speculative_generate -------------------------------------------------------------
 
 
+@single_threaded
 def check_speculative_generate(fn: Callable) -> None:
     """Greedy on a small random pair and on the shipped checkpoints: output equal to
     target-only greedy and every round's cache lengths per the walk-the-shapes rule;
@@ -225,6 +242,11 @@ def check_speculative_generate(fn: Callable) -> None:
     try:
         _check_greedy(fn)
         _check_sampling(fn, "speculative_generate")
+        target, draft = tiny_pair()
+        expect_reproducible(fn, "speculative_generate(small random models, prompt=[1, 2], n_tokens=10, gamma=3, "
+                                "temperature 1)",
+                            lambda seed: (target, draft, [1, 2], 10, 3, SamplingParams(1.0),
+                                          torch.Generator().manual_seed(seed)))
     except CheckFailure as failure:
         note = upstream_note(fn, requires)
         raise CheckFailure(str(failure) + note) from None
@@ -247,7 +269,7 @@ def _check_greedy(fn: Callable) -> None:
         t_rec, d_rec = RecordingModel(target, keep_logits=True), RecordingModel(draft)
         got = expect_token_list(label, call(fn, label, t_rec, d_rec, list(prompt), n_tokens, gamma, GREEDY, None),
                                 n_tokens)
-        _check_rounds(label, prompt, gamma, t_rec, d_rec)
+        _check_rounds(label, prompt, gamma, t_rec, d_rec, n_tokens)
         expected = engine.target_only_generate(target, prompt, n_tokens)
         if got != expected:
             first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
@@ -255,10 +277,12 @@ def _check_greedy(fn: Callable) -> None:
                                f"{first} on (expected {expected[first:first + 5]}..., got {str(got)[:80]}).")
 
 
-def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingModel, d_rec: RecordingModel) -> None:
+def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingModel, d_rec: RecordingModel,
+                  n_tokens: int | None = None) -> None:
     """Replay the record: per round, the target's cache must hold P - 1 entries and be fed
-    [last committed token, gamma drafts]; every draft forward must continue the sequence
-    the draft should have seen (committed tokens, then this round's drafts)."""
+    [last committed token, gamma drafts]; the draft must make gamma forwards, each continuing
+    the sequence it should have seen (committed tokens, then this round's drafts); with
+    ``n_tokens``, no round may start once n_tokens new tokens are committed."""
     for who, rec in (("target", t_rec), ("draft", d_rec)):
         if any(c.cache is None for c in rec.calls):
             raise CheckFailure(f"{label}: the {who} was called without a KV cache: every forward must continue its "
@@ -272,6 +296,10 @@ def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingMod
     sequence, previous = list(prompt), -1
     for i, c in enumerate(verify, start=1):
         P = len(sequence)
+        if n_tokens is not None and P - len(prompt) >= n_tokens:
+            raise CheckFailure(f"{label}, round {i}: {P - len(prompt)} new tokens were already committed (n_tokens = "
+                               f"{n_tokens}), yet the loop ran another round: stop as soon as you have n_tokens; the "
+                               "extra round costs a draft pass and a target forward for tokens that are thrown away.")
         if len(c.tokens) != gamma + 1:
             raise CheckFailure(f"{label}, round {i}: feed the target the last committed token and the {gamma} drafts "
                                f"({gamma + 1} positions) in one forward; it got {len(c.tokens)}.")
@@ -289,6 +317,12 @@ def _check_rounds(label: str, prompt: list[int], gamma: int, t_rec: RecordingMod
             raise CheckFailure(f"{label}, round {i}: the draft was fed {fed} tokens; a round needs at most gamma + 1 = "
                                f"{gamma + 1} (two pending tokens and gamma - 1 drafts). Roll its cache back instead of "
                                "refilling it.")
+        drafting = [dc for dc in this_round if not (i == 1 and dc.cache_len == 0 and len(prompt) > 1)]  # no prefill
+        if len(drafting) != gamma:
+            raise CheckFailure(f"{label}, round {i}: the draft ran {len(drafting)} forwards for {gamma} drafts; it "
+                               f"should run exactly gamma = {gamma}: the pending tokens (one, or two after a full "
+                               "acceptance) go into the first forward together, then one forward per new draft, and "
+                               "the last draft is never fed.")
         for dc in this_round:
             if working[dc.cache_len : dc.cache_len + len(dc.tokens)] != dc.tokens:
                 raise CheckFailure(
@@ -456,6 +490,7 @@ def _check_cache_holds(label: str, who: str, model: Llama, cache, sequence: list
                            "with the missing tokens does not give the logits of a fresh forward over prompt + output.")
 
 
+@single_threaded
 def check_generate_until_stop(fn: Callable) -> None:
     """Greedy on the shipped models: stops inside rounds and across rounds give target-only greedy
     cut at the stop, no forward after the finishing round, rounds per the walk-the-shapes rule and
@@ -465,6 +500,12 @@ def check_generate_until_stop(fn: Callable) -> None:
     try:
         _check_stops_greedy(fn)
         _check_stops_sampling(fn)
+        target, draft = tiny_pair()
+        stop = engine.StopCriteria(12, (5,))
+        expect_reproducible(lambda *a: fn(*a)[0], f"generate_until_stop(small random models, prompt=[1, 2], {stop}, "
+                                                  "gamma=3, temperature 1): the output",
+                            lambda seed: (target, draft, [1, 2], stop, 3, SamplingParams(1.0),
+                                          torch.Generator().manual_seed(seed)))
     except CheckFailure as failure:
         raise CheckFailure(str(failure) + upstream_note(fn, requires)) from None
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from specdec import greedy
-from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, same, upstream_note
+from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, same, single_threaded, upstream_note
 from specdec.mistakes import for_exercise
 from specdec.toy import ToyLM, greedy_generate
 
@@ -66,6 +66,9 @@ def check_greedy_verify(fn: Callable) -> None:
                 f"{label}: {k} draft(s) match before the first mismatch, so expected {expected.tolist()}, "
                 f"got {got.tolist()}." + diagnose(for_exercise("greedy_verify"), [((draft, logits), got)])
             )
+        if got.dtype != torch.long:
+            raise CheckFailure(f"{label}: the right tokens, but as {got.dtype}; return a long (int64) tensor, the dtype "
+                               "of token ids everywhere in the course (argmax gives one).")
 
 
 def _batch(B: int, gamma: int, V: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +103,8 @@ def check_greedy_verify_batched(fn: Callable) -> None:
                 raise CheckFailure(f"{label}: n_committed should be {expected_n.tolist()}, got "
                                    f"{n_committed.tolist() if isinstance(n_committed, torch.Tensor) else n_committed!r}."
                                    + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)]))
+            if tuple(n_committed.shape) != (B,):
+                raise CheckFailure(f"{label}: n_committed must have shape (B,) = ({B},), got {tuple(n_committed.shape)}")
             if not same(tokens, expected_tokens):
                 row = next(b for b in range(B) if not torch.equal(tokens[b].long(), expected_tokens[b]))
                 raise CheckFailure(
@@ -107,6 +112,10 @@ def check_greedy_verify_batched(fn: Callable) -> None:
                     f"{expected_tokens[row].tolist()}, got {tokens[row].tolist()} (PAD = {greedy.PAD})."
                     + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)])
                 )
+            if tokens.dtype != torch.long or n_committed.dtype != torch.long:
+                raise CheckFailure(f"{label}: the right values, but tokens are {tokens.dtype} and n_committed "
+                                   f"{n_committed.dtype}, as the statement asks for long. Return long (int64) tensors, "
+                                   "the dtype of token ids.")
     label = "greedy_verify_batched"
     expect_no_loop_over(fn, label, _batch(8, 4), _batch(64, 4), "rows")
     expect_no_loop_over(fn, label, _batch(8, 2), _batch(8, 6), "positions")
@@ -128,6 +137,7 @@ class CountingLM:
         return self.model.next_logits(tokens)
 
 
+@single_threaded
 def check_speculative_greedy_generate(fn: Callable) -> None:
     """Output equals target-only greedy decoding, rounds equal the reference's, one target call per round."""
     try:

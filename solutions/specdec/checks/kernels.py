@@ -211,6 +211,10 @@ def logsumexp_cases() -> list[tuple[str, torch.Tensor, int]]:
     x[1] = x[1].flip(0)
     cases.append(("logits rising across blocks (row 0) and falling (row 1), BLOCK_V = 32", x, 32))
     cases.append(("large logits (around 500: exp overflows float32)", 500 + 3 * torch.randn(3, 80, generator=g), 32))
+    cases.append(("large negative logits (around -500: every exp(x) underflows to 0 unless the max is subtracted), "
+                  "V = 100, BLOCK_V = 32", -500 + 3 * torch.randn(3, 100, generator=g), 32))
+    cases.append(("every real logit below 0 and a partial last block (V = 70, BLOCK_V = 32): padding lanes must not "
+                  "count", -5 - torch.rand(2, 70, generator=g), 32))
     x = torch.randn(3, 90, generator=g)
     x[0, :40] = -inf  # the first block and a bit of the second removed (top-k)
     x[1, ::2] = -inf
@@ -341,12 +345,22 @@ def tree_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
         return (size * torch.randn(H, N, D, generator=g), size * torch.randn(H, L + N, D, generator=g),
                 torch.randn(H, L + N, D, generator=g), mask)
 
+    def negative(H: int, L: int, D: int, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        N = mask.shape[0]
+        direction = torch.randn(D, generator=g)
+        direction = direction / direction.norm()
+        q = 30 * direction + 0.3 * torch.randn(H, N, D, generator=g)
+        k = -30 * direction + 0.3 * torch.randn(H, L + N, D, generator=g)  # q . k / sqrt(D) is about -225
+        return q, k, torch.randn(H, L + N, D, generator=g), mask
+
     return [("H = 2, no prefix (L = 0), 6 nodes, D = 8, BLOCK_K = 4", qkv(2, 0, 8, small), 4),
             ("H = 2, L = 10 (not a multiple of BLOCK_K = 8), 6 nodes, D = 16", qkv(2, 10, 16, small), 8),
             ("H = 3, L = 21, the default 12-node tree, D = 24 (not a power of two), BLOCK_K = 16",
              qkv(3, 21, 24, default), 16),
             ("H = 2, L = 30, 12 nodes, D = 16, large scores (q and k times 12)", qkv(2, 30, 16, default, 12.0), 16),
-            ("H = 1, L = 70, 12 nodes, D = 32, BLOCK_K = 32", qkv(1, 70, 32, default), 32)]
+            ("H = 1, L = 70, 12 nodes, D = 32, BLOCK_K = 32", qkv(1, 70, 32, default), 32),
+            ("H = 2, L = 19, 12 nodes, D = 16, every score large and negative (about -200: exp underflows unless "
+             "the running max starts at -inf)", negative(2, 19, 16, default), 8)]
 
 
 def check_tree_attention_kernel(kernel: Callable) -> None:

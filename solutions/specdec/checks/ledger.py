@@ -114,7 +114,8 @@ def check_best_gamma(fn: Callable) -> None:
         for c in (0.0, 0.02, 0.05, 0.1, 0.3, 1.0):
             for max_gamma in (1, 5, 32):
                 cases.append((f"a={a!r}, c={c!r}, max_gamma={max_gamma}", (a, c, max_gamma)))
-    compare_cases(fn, ledger.best_gamma, cases, rel=0.0, integer=True, requires=[("speedup", check_speedup)])
+    compare_cases(fn, ledger.best_gamma, cases, rel=0.0, integer=True,
+                  requires=[("expected_tokens_per_round", check_expected_tokens_per_round), ("speedup", check_speedup)])
 
 
 def check_roofline_step_time_s(fn: Callable) -> None:

@@ -8,10 +8,11 @@ from collections.abc import Callable
 import torch
 
 from specdec import lookup
-from specdec.checks.core import CheckFailure, call, compare_cases, expect_no_loop_over, torch_function_names, upstream_note
+from specdec.checks.core import (CheckFailure, call, compare_cases, expect_no_loop_over, expect_reproducible,
+                                 single_threaded, torch_function_names, upstream_note)
 from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, shipped_pair, target_joint, tiny_pair
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import GREEDY, RecordingModel, target_only_generate
+from specdec.engine import GREEDY, RecordingModel, SamplingParams, target_only_generate
 from specdec.greedy import greedy_verify
 
 _SEED = 6
@@ -120,6 +121,7 @@ def check_find_match_vectorised(fn: Callable) -> None:
                            "loop over positions. Compare all windows with tensor operations.")
 
 
+@single_threaded
 def check_lookup_generate(fn: Callable) -> None:
     """Greedy: equal to target-only greedy (small random model and the shipped target),
     one target forward per round over [last token] + proposal, cache cropped to P + k;
@@ -128,6 +130,11 @@ def check_lookup_generate(fn: Callable) -> None:
     try:
         _check_lookup_greedy(fn)
         _check_lookup_sampling(fn)
+        target = tiny_pair()[0]
+        expect_reproducible(fn, "lookup_generate(small random model, prompt=[1, 2, 1, 2, 1], n_tokens=10, gamma=3, "
+                                "temperature 1)",
+                            lambda seed: (target, [1, 2, 1, 2, 1], 10, 3, SamplingParams(1.0),
+                                          torch.Generator().manual_seed(seed)))
     except CheckFailure as failure:
         raise CheckFailure(str(failure) + upstream_note(fn, requires)) from None
 
@@ -160,6 +167,10 @@ def _check_lookup_greedy(fn: Callable) -> None:
             calls = calls[1:]
         sequence = list(prompt)
         for i, c in enumerate(calls, start=1):
+            if len(sequence) - len(prompt) >= n_tokens:
+                raise CheckFailure(f"{label}, round {i}: {len(sequence) - len(prompt)} new tokens were already "
+                                   f"committed (n_tokens = {n_tokens}), yet the loop ran another round: stop as soon "
+                                   "as you have n_tokens.")
             proposal = lookup.propose_ngram(sequence, gamma, n_max, n_min)
             if c.cache_len != len(sequence) - 1:
                 raise CheckFailure(f"{label}, round {i}: with {len(sequence)} committed tokens the cache should hold "

@@ -8,7 +8,8 @@ import torch
 
 from specdec import ledger
 from specdec import pitfalls as ref
-from specdec.checks.core import CheckFailure, call, close, diagnose, expect_no_loop_over, fmt, torch_function_names
+from specdec.checks.core import (CheckFailure, call, close, diagnose, expect_no_loop_over, expect_reproducible, fmt,
+                                 torch_function_names)
 from specdec.checks.engine import tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import RecordingModel, SamplingParams
@@ -45,6 +46,26 @@ def check_draft_propose(fn: Callable) -> None:
         compare_frequencies(tokens.tolist(), {i: float(x) for i, x in enumerate(q[0])}, label + ": the tokens against q",
                             "q must be the distribution the tokens were actually drawn from: the verifier's min(1, p/q) "
                             "relies on it." + _hint("draft_propose", (row.expand(n, -1), params, None), got))
+    # rows that differ: each row's token must follow that row's q; greedy rows report a one-hot q at their token
+    logits = 3 * torch.randn(2, 7, generator=g)
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=3)):
+        label = f"draft_propose(two different rows of logits, each repeated 3000 times, {params})"
+        batch = logits.repeat_interleave(3000, 0)
+        got = call(fn, label, batch, params, torch.Generator().manual_seed(3))
+        tokens, q = _tensor(label + " tokens", got[0], (6000,)), _tensor(label + " q", got[1], (6000, 7)).double()
+        want_q = params.probs(logits).double()
+        for r in range(2):
+            rows = slice(r * 3000, (r + 1) * 3000)
+            if not torch.allclose(q[rows], want_q[r].expand(3000, -1), atol=1e-6):
+                raise CheckFailure(f"{label}: row {r * 3000}'s q should be params.probs of its own logits "
+                                   f"{[round(x, 4) for x in want_q[r].tolist()]}, got {[round(x, 4) for x in q[r * 3000].tolist()]}"
+                                   + (": at temperature 0 that is one-hot at the argmax, the distribution a greedy "
+                                      "token is really drawn from, not the softmax." if params.temperature == 0 else "."))
+            compare_frequencies(tokens[rows].tolist(), {i: float(x) for i, x in enumerate(want_q[r])},
+                                f"{label}: the tokens of logits row {r}",
+                                "Each row's token must be drawn from that row's q.")
+    expect_reproducible(lambda *a: fn(*a)[0], "draft_propose(logits (64, 20), temperature 1): the tokens",
+                        lambda seed: (logits.new_zeros(64, 20), SamplingParams(1.0), torch.Generator().manual_seed(seed)))
 
 
 def check_draft_token_probs(fn: Callable) -> None:
@@ -114,6 +135,17 @@ def check_residual(fn: Callable) -> None:
         b = int((~torch.isclose(got.double(), want, equal_nan=False)).any(-1).nonzero()[0, 0])
         raise CheckFailure(f"{label}: row {b}: expected {[round(x, 4) for x in want[b].tolist()]}, got "
                            f"{[round(x, 4) for x in got[b].tolist()]}." + _hint("residual", (p, q), got))
+    p3 = torch.softmax(torch.randn(2, 3, 4, generator=g, dtype=torch.float64), -1)
+    q3 = torch.softmax(torch.randn(2, 3, 4, generator=g, dtype=torch.float64), -1)
+    q3[1, 2] = p3[1, 2]
+    label = "residual(p, q) of shape (B=2, gamma=3, V=4), with p == q at [1, 2]"
+    got = _tensor(label, call(fn, label, p3, q3), (2, 3, 4))
+    want = ref.residual(p3, q3)
+    if not torch.allclose(got.double(), want):
+        raise CheckFailure(f"{label}: expected {[[round(x, 3) for x in r] for r in want[0].tolist()]} in batch row 0, "
+                           f"got {[[round(x, 3) for x in r] for r in got.double()[0].tolist()]}. The shapes are (..., V): "
+                           "normalise over the last dimension (dim=-1), whatever comes before it."
+                           + _hint("residual", (p3, q3), got))
 
 
 def check_correction_token(fn: Callable) -> None:
@@ -132,6 +164,19 @@ def check_correction_token(fn: Callable) -> None:
     got = _tensor(label, call(fn, label, same, torch.cat([q, p]), torch.Generator().manual_seed(9)), (2,))
     if not 0 <= int(got[1]) < p.shape[-1] or p[0, int(got[1])] == 0:
         raise CheckFailure(f"{label}: row 1 must still get a token the target allows, got {got.tolist()}")
+    rows_p = torch.softmax(2 * torch.randn(3, 5, generator=g, dtype=torch.float64), -1)
+    rows_q = torch.softmax(2 * torch.randn(3, 5, generator=g, dtype=torch.float64), -1)
+    label = "correction_token(p, q) with three different rows, each repeated 3000 times"
+    got = _tensor(label, call(fn, label, rows_p.repeat_interleave(3000, 0), rows_q.repeat_interleave(3000, 0),
+                              torch.Generator().manual_seed(10)), (9000,))
+    for r in range(3):
+        compare_frequencies(got[r * 3000 : (r + 1) * 3000].tolist(),
+                            {i: float(x) for i, x in enumerate(ref.residual(rows_p[r], rows_q[r]))},
+                            f"{label}: rows of pair {r}", "Each row samples from its own residual.")
+    expect_reproducible(fn, "correction_token(p uniform over 40 tokens, q one-hot, 16 rows)",
+                        lambda seed: (torch.full((16, 40), 1 / 40, dtype=torch.float64),
+                                      torch.nn.functional.one_hot(torch.zeros(16, dtype=torch.long), 40).double(),
+                                      torch.Generator().manual_seed(seed)))
 
 
 def check_bonus_token(fn: Callable) -> None:
@@ -142,6 +187,15 @@ def check_bonus_token(fn: Callable) -> None:
     got = _tensor(label, call(fn, label, p.expand(n, -1), torch.Generator().manual_seed(10)), (n,))
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(p[0])}, label,
                         "While sampling, the bonus token is a sample from p, not its argmax.")
+    rows = torch.softmax(2 * torch.randn(3, 6, generator=g, dtype=torch.float64), -1)
+    label = "bonus_token(p_last) with three different rows, each repeated 3000 times"
+    got = _tensor(label, call(fn, label, rows.repeat_interleave(3000, 0), torch.Generator().manual_seed(11)), (9000,))
+    for r in range(3):
+        compare_frequencies(got[r * 3000 : (r + 1) * 3000].tolist(), {i: float(x) for i, x in enumerate(rows[r])},
+                            f"{label}: rows of p_last row {r}", "Each row samples from its own p_last.")
+    expect_reproducible(fn, "bonus_token(p_last uniform over 40 tokens, 16 rows)",
+                        lambda seed: (torch.full((16, 40), 1 / 40, dtype=torch.float64),
+                                      torch.Generator().manual_seed(seed)))
 
 
 def check_verify_logits(fn: Callable) -> None:

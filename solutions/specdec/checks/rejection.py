@@ -8,7 +8,8 @@ from collections.abc import Callable
 import torch
 
 from specdec import rejection
-from specdec.checks.core import CheckFailure, call, compare_cases, diagnose
+from specdec.checks.core import (CheckFailure, call, compare_cases, diagnose, expect_reproducible, single_threaded,
+                                 upstream_note)
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 
@@ -83,8 +84,9 @@ def check_output_paths(fn: Callable) -> None:
         exp_accept, exp_reject = rejection.output_paths(p, q)
         for name, value, expected in (("accept_path", accept_path, exp_accept), ("reject_path", reject_path, exp_reject)):
             if not torch.allclose(value, expected, atol=1e-9):
+                note = upstream_note(fn, [("residual_distribution", check_residual_distribution)])
                 raise CheckFailure(f"{label}: {name} should be {_fmt(expected)}, got {_fmt(value)}."
-                                   + diagnose(for_exercise("output_paths"), [((p, q), got)]))
+                                   + (note or diagnose(for_exercise("output_paths"), [((p, q), got)])))
 
 
 def check_acceptance_rate(fn: Callable) -> None:
@@ -92,6 +94,7 @@ def check_acceptance_rate(fn: Callable) -> None:
     compare_cases(fn, rejection.acceptance_rate, [(f"{desc}: p={_fmt(p)}, q={_fmt(q)}", (p, q)) for desc, p, q in _pairs()])
 
 
+@single_threaded
 def check_verify_token(fn: Callable, n: int = 8_000) -> None:
     """The accept test at chosen u (u = 0 included), then seeded Monte Carlo of the output."""
     rng = random.Random(_SEED)
@@ -117,6 +120,18 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
                     raise CheckFailure(f"{label}: after a rejection the output {token} has residual probability 0; "
                                        f"the residual is {_fmt(rejection.residual_distribution(p, q))}. "
                                        "Draw from the residual max(p - q, 0) / sum, not from p or q.")
+    for ratio_p, ratio_q in ((0.3, 0.7), (0.2, 0.3), (0.11, 0.13), (0.37, 0.41), (0.05, 0.9)):
+        p = torch.tensor([ratio_p, 1 - ratio_p], dtype=torch.float64)
+        q = torch.tensor([ratio_q, 1 - ratio_q], dtype=torch.float64)
+        ratio = ratio_p / ratio_q
+        for u, should in ((ratio * (1 - 1e-9), True), (ratio * (1 + 1e-9), False)):
+            label = _label("verify_token", "u within 1e-9 of p(y)/q(y)", p, q, f", y=0, u={u!r}")
+            got = call(fn, label, p, q, 0, u, torch.Generator().manual_seed(0))
+            if not (isinstance(got, tuple) and len(got) == 2) or bool(got[0]) != should:
+                raise CheckFailure(f"{label}: p(y)/q(y) = {ratio!r}, so accepted should be {should}, got "
+                                   f"{got!r}. Compare in the precision you are given (float64 here): rounding u or "
+                                   "the ratio to float32 (7 significant digits) flips decisions this close to the "
+                                   "boundary." + diagnose(for_exercise("verify_token"), [((p, q, 0, u, None), got)]))
     g = torch.Generator().manual_seed(_SEED)
     for desc, p, q in [_pairs()[i] for i in (0, 3, 5)]:
         label = _label("verify_token", desc, p, q, " with y ~ q and u ~ U[0, 1)")
@@ -127,4 +142,9 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
             outputs.append(int(call(fn, label, p, q, y, u, g)[1]))
         compare_frequencies(outputs, dict(enumerate(p.tolist())), label,
                             hint="After a rejection, draw from the residual max(p - q, 0) / sum, not from p or q.")
+    wide_p = torch.full((40,), 1 / 40, dtype=torch.float64)
+    wide_q = torch.zeros(40, dtype=torch.float64)
+    wide_q[0] = 1.0  # y = 0 is rejected with u = 0.5, and the residual spreads over 39 tokens
+    expect_reproducible(fn, "verify_token(p uniform over 40 tokens, q one-hot at y = 0, y=0, u=0.5, generator)",
+                        lambda seed: (wide_p, wide_q, 0, 0.5, torch.Generator().manual_seed(seed)), seeds=range(5))
 

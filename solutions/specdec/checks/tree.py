@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from specdec import tree as ref
-from specdec.checks.core import CheckFailure, call, diagnose, same
+from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, same, single_threaded
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 from specdec.model import KVCache, LlamaConfig
@@ -94,6 +94,27 @@ def _greedy_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]
                 picks[spot] = best[parent]
             tokens[children] = picks
         cases.append((f"{desc}, case {k}", tokens, tree.parents, logits))
+    return cases + _tie_cases(n // 2)
+
+
+def _tie_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
+    """Trees whose siblings may share a token (a Cartesian Medusa tree does), so that several
+    children agree with the target at once: the longest agreeing path may run through a later
+    sibling, and equally long paths must be decided by the stated tie rule (the earliest node)."""
+    rng, g = random.Random(_SEED + 1), torch.Generator().manual_seed(_SEED + 1)
+    cases = []
+    for k in range(n):
+        desc, choices = TREES[(0, 2, 4)[k % 3]]
+        tree = ref.flatten_tree(choices)
+        V = rng.choice([3, 5])
+        logits = torch.randn(len(tree), V, generator=g)
+        best = logits.argmax(-1)
+        tokens = torch.randint(0, V, (len(tree),), generator=g)
+        for parent in range(len(tree)):
+            for child in tree.children(parent):
+                if rng.random() < 0.7:
+                    tokens[child] = best[parent]  # this child agrees; so may its siblings
+        cases.append((f"{desc} with repeated sibling tokens, case {k}", tokens, tree.parents, logits))
     return cases
 
 
@@ -145,6 +166,7 @@ def walk_distribution(tokens: torch.Tensor, tree: ref.Tree, p: torch.Tensor, nod
     return out
 
 
+@single_threaded
 def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
     """Seeded Monte Carlo of the committed tuple against the exact walk distribution."""
     for desc, tree, tokens, p in _sampling_scenarios():
@@ -165,18 +187,27 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
         compare_frequencies(runs, walk_distribution(tokens, tree, p), f"{label}, {n} seeded runs",
                             hint="Try the children in order; accept child x with probability r(x) / sum(r); after a "
                                  "rejection set r(x) = 0 (renormalising implicitly); if none is accepted, sample from r.")
+    tree = ref.flatten_tree(ref.DEFAULT_CHOICES)
+    p = torch.full((len(tree), 30), 1 / 30, dtype=torch.float64)
+    tokens = torch.arange(len(tree)) % 30
+    expect_reproducible(fn, "verify_tree_sampling(the default tree, p uniform over 30 tokens, generator)",
+                        lambda seed: (tokens.clone(), tree, p, torch.Generator().manual_seed(seed)), seeds=range(5))
 
 
 def check_compact_cache(fn: Callable) -> None:
     config = LlamaConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=16, max_seq_len=40)
+    wide = LlamaConfig(vocab_size=16, d_model=12, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=16, max_seq_len=40)
     g = torch.Generator().manual_seed(_SEED)
-    for start, path, written in ((5, [0, 1, 4, 7], 8), (3, [0], 6), (9, [0, 2, 6], 12), (0, [0, 3], 4)):
-        label = f"compact_cache(start={start}, path={path}) after a tree of {written} nodes was written at slot {start}"
-        cache = KVCache(config)
+    cases = [(config, 1, 5, [0, 1, 4, 7], 8), (config, 1, 3, [0], 6), (config, 1, 9, [0, 2, 6], 12),
+             (config, 1, 0, [0, 3], 4), (wide, 2, 4, [0, 2, 5], 7), (wide, 3, 6, [0, 1, 3, 8], 10)]
+    for config, batch, start, path, written in cases:
+        label = (f"compact_cache(start={start}, path={path}) after a tree of {written} nodes was written at slot {start}"
+                 f", cache of {config.n_layers} layers, batch {batch}, {config.n_kv_heads} KV heads")
+        cache = KVCache(config, batch_size=batch)
         cache.k.copy_(torch.randn(cache.k.shape, generator=g))
         cache.v.copy_(torch.randn(cache.v.shape, generator=g))
         cache.advance(start + written)
-        want = KVCache(config)
+        want = KVCache(config, batch_size=batch)
         want.k.copy_(cache.k)
         want.v.copy_(cache.v)
         want.advance(start + written)
@@ -191,5 +222,5 @@ def check_compact_cache(fn: Callable) -> None:
                    if not torch.equal(getattr(cache, name)[..., s, :], getattr(want, name)[..., s, :])]
             slot, name = bad[0]
             raise CheckFailure(f"{label}: slot {slot} of cache.{name} should hold tree node {path[slot - start]}'s entry "
-                               f"(written at slot {start + path[slot - start]}), in every layer; move both K and V. "
-                               "Node i of the tree sits at slot start + i.")
+                               f"(written at slot {start + path[slot - start]}), in every layer, batch row and KV head; "
+                               "move both K and V. Node i of the tree sits at slot start + i.")

@@ -121,5 +121,6 @@ MISTAKES: list[Mistake] = [
             "the target's probabilities ignore the temperature; p must apply the request's sampling settings."),
     Mistake("speculative_round", "draft_at_temperature_1", _round_draft_t1,
             "the draft samples at temperature 1 but the verifier is told the tempered q; q must be what the draft sampled from (here: sample the draft at `temperature`, as stated)."),
+    Mistake("verify_chain", "global_rng", lambda p, q, d, g=None: _chain(p, q, d, None),
+            "Draw every uniform and every sample with the generator you are given."),
 ]
-

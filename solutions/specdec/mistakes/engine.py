@@ -24,7 +24,10 @@ def _rollback(target_cache, draft_cache, P, drafts, committed, *, target_len=Non
 
 
 def _propose(draft, cache, pending, gamma, params=GREEDY, generator=None, *, catch_up=True, feed_last=False,
-             raw_softmax=False):
+             raw_softmax=False, one_at_a_time=False):
+    if one_at_a_time and len(pending) > 1:  # feed the catch-up token alone first: one extra forward
+        draft(torch.tensor([pending[:1]]), cache)
+        pending = pending[1:]
     drafts, q_rows, feed = [], [], list(pending) if catch_up else list(pending[-1:])
     for _ in range(gamma):
         logits = draft(torch.tensor([feed]), cache)[0, -1].double()
@@ -42,8 +45,12 @@ def _propose(draft, cache, pending, gamma, params=GREEDY, generator=None, *, cat
     return drafts, torch.stack(q_rows)
 
 
+@torch.inference_mode()
 def _generate(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=None, *, roll=rollback,
-              use_cache=True, always_greedy=False, prefill_all=False):
+              use_cache=True, always_greedy=False, prefill_all=False, extra_round=False, propose_fn=propose,
+              global_rng=False):
+    if global_rng:
+        generator = None
     t_cache, d_cache = KVCache(target.config), KVCache(draft.config)
     tokens = list(prompt)
     head = prompt if prefill_all else prompt[:-1]
@@ -51,9 +58,9 @@ def _generate(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=N
         target(torch.tensor([head]), t_cache)
         draft(torch.tensor([head]), d_cache)
     pending = tokens[-1:]
-    while len(tokens) - len(prompt) < n_tokens:
+    while len(tokens) - len(prompt) <= n_tokens if extra_round else len(tokens) - len(prompt) < n_tokens:
         P = len(tokens)
-        drafts, q = propose(draft, d_cache, pending, gamma, params, generator)
+        drafts, q = propose_fn(draft, d_cache, pending, gamma, params, generator)
         if use_cache:
             logits = target(torch.tensor([tokens[-1:] + drafts]), t_cache)[0]
         else:  # the whole sequence again, every round
@@ -237,4 +244,13 @@ MISTAKES = [
     Mistake("generate_until_stop", "emits_whole_round",
             lambda *a: _until_stop(*a, accept=lambda o, c, s: _accept(o, c, s, check_after_round=True)),
             "Cut each round's committed tokens at the first stop (accept_until_stop)."),
+    Mistake("propose", "pending_one_at_a_time", lambda *a: _propose(*a, one_at_a_time=True),
+            "Feed all pending tokens in the first forward: one forward per draft, gamma in all."),
+    Mistake("speculative_generate", "extra_round", lambda *a: _generate(*a, extra_round=True),
+            "Stop as soon as n_tokens new tokens are committed."),
+    Mistake("speculative_generate", "pending_one_at_a_time",
+            lambda *a: _generate(*a, propose_fn=lambda *b: _propose(*b, one_at_a_time=True)),
+            "The draft feeds its pending tokens in one forward."),
+    Mistake("speculative_generate", "global_rng", lambda *a: _generate(*a, global_rng=True),
+            "Pass the generator on to every random draw (propose, verify_chain)."),
 ]

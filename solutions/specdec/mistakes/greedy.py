@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.greedy import PAD, RoundShapes, greedy_verify, round_shapes
+from specdec.greedy import PAD, RoundShapes, greedy_verify, greedy_verify_batched, round_shapes
 from specdec.mistakes import Mistake
 
 
@@ -59,6 +59,24 @@ def _batched_first_row_only(draft, logits):
     tokens = torch.full((draft.shape[0], draft.shape[1] + 1), PAD, dtype=torch.long)
     tokens[:, : len(committed)] = committed
     return tokens, torch.full((draft.shape[0],), len(committed))
+
+
+def _int32_counts(draft, logits):
+    tokens, n = greedy_verify_batched(draft, logits)
+    return tokens.int(), n.int()
+
+
+def _generate_extra_round(target, draft, prompt, n_tokens, gamma):
+    """Right tokens, but the loop runs one round too many (its output is then trimmed)."""
+    tokens, per_round = prompt.clone(), []
+    while len(tokens) - len(prompt) <= n_tokens:
+        context = tokens.clone()
+        for _ in range(gamma):
+            context = torch.cat([context, draft.next_logits(context).argmax().view(1)])
+        committed = greedy_verify(context[len(tokens):], target.logits(context)[-(gamma + 1):])
+        tokens = torch.cat([tokens, committed])
+        per_round.append(len(committed))
+    return tokens[len(prompt) : len(prompt) + n_tokens], per_round
 
 
 def _generate_unverified(target, draft, prompt, n_tokens, gamma):
@@ -129,4 +147,8 @@ MISTAKES: list[Mistake] = [
             "the last round can commit past n_tokens; return exactly n_tokens ids."),
     Mistake("speculative_greedy_generate", "one_row_short", _generate_one_row_short,
             "the target's last row (the bonus position) is dropped: score gamma + 1 positions."),
+    Mistake("greedy_verify_batched", "int32_outputs", _int32_counts,
+            "Return long (int64) tensors, the dtype of token ids."),
+    Mistake("speculative_greedy_generate", "extra_round", _generate_extra_round,
+            "Stop as soon as you have n_tokens new tokens: the loop condition is < n_tokens."),
 ]

@@ -59,6 +59,10 @@ MISTAKES = [
              "each program must offset its pointers to its own row: w_ptr + b * V + cols",
              ("w_ptr + b * V + cols", "w_ptr + cols"), ("e_ptr + b * V + cols", "e_ptr + cols")),
     # -- logsumexp_kernel
+    _mistake(kernels.logsumexp_kernel, "running_max_from_zero",
+             "start the running max at -inf, not 0: when every logit is far below 0, exp(x - 0) underflows to 0 and "
+             "the log of the sum is -inf",
+             ("m, s = -float(\"inf\"), 0.0", "m, s = 0.0, 0.0")),
     _mistake(kernels.logsumexp_kernel, "max_not_subtracted",
              "exp overflows float32 above about 88: subtract the running max inside exp and add it back at the end",
              ("s = s * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), 0)", "s = s + tl.sum(tl.exp(x), 0)"),
@@ -118,6 +122,10 @@ MISTAKES = [
              "max, the visible weights exp(score - max) can underflow to 0 (and l to 0: NaN)",
              ("scores = tl.where(visible, tl.sum", "scores = tl.where(in_keys, tl.sum"),
              ("weights = tl.exp(scores - m_new)", "weights = tl.where(visible, tl.exp(scores - m_new), 0.0)")),
+    _mistake(kernels.tree_attention_kernel, "running_max_from_zero",
+             "start the running max at -inf, not 0: when every score is far below 0, exp(score - 0) underflows, l "
+             "stays 0 and acc / l is NaN",
+             ("m = -float(\"inf\")  # running max of the scores", "m = 0.0  # running max of the scores")),
     _mistake(kernels.tree_attention_kernel, "max_not_subtracted",
              "exp overflows float32 above about 88: subtract the running max before exp and rescale by exp(m_old - "
              "m_new)",

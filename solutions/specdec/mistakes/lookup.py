@@ -46,13 +46,13 @@ def _vectorised_with_suffix(tokens, n):
 
 @torch.no_grad()
 def _generate(target, prompt, n_tokens, gamma, params=GREEDY, generator=None, n_max=3, n_min=1, *, crop=True,
-              greedy_always=False, resample_from_p=False):
+              greedy_always=False, resample_from_p=False, extra_round=False):
     check_request(target, None, prompt, n_tokens, gamma)
     cache = KVCache(target.config)
     tokens = list(prompt)
     if len(prompt) > 1:
         target(torch.tensor([prompt[:-1]]), cache)
-    while len(tokens) - len(prompt) < n_tokens:
+    while len(tokens) - len(prompt) < n_tokens + (1 if extra_round else 0):
         P = len(tokens)
         drafts = propose_ngram(tokens, gamma, n_max, n_min)
         logits = target(torch.tensor([tokens[-1:] + drafts]), cache)[0]
@@ -105,4 +105,6 @@ MISTAKES = [
             "At temperature > 0 verify by the one-hot rule, not by argmax."),
     Mistake("lookup_generate", "resample_from_p", lambda *a: _generate(*a, resample_from_p=True),
             "On a rejection, sample from p with the rejected draft removed (the residual of a one-hot q)."),
+    Mistake("lookup_generate", "extra_round", lambda *a: _generate(*a, extra_round=True),
+            "Stop as soon as n_tokens new tokens are committed: the loop condition is < n_tokens."),
 ]

@@ -45,6 +45,38 @@ def _stream(tokens, n_committed, generated, eos_id, max_tokens, *, drop_eos=Fals
     return stream.long(), finished
 
 
+def _greedy_fix_softmax_q(logits, params, generator=None):
+    """A "fix" that samples when the temperature is positive but keeps the softmax as q for greedy rows."""
+    q = params.probs(logits)
+    if params.temperature == 0:
+        return logits.argmax(-1), torch.softmax(logits.double(), -1)
+    return torch.multinomial(q, 1, generator=generator)[:, 0], q
+
+
+def _first_row_for_all(logits, params, generator=None):
+    q = params.probs(logits[:1]).expand(logits.shape[0], -1)
+    return torch.multinomial(q, 1, generator=generator)[:, 0], q
+
+
+def _residual_dim_one(p, q):
+    r = (p - q).clamp_min(0)
+    total = r.sum(1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(1e-300), p)
+
+
+def _correction_row_zero(p, q, generator=None):
+    r = (p[:1] - q[:1]).clamp_min(0)
+    return torch.multinomial(r.expand(p.shape[0], -1), 1, generator=generator)[:, 0]
+
+
+def _bonus_row_zero(p_last, generator=None):
+    return torch.multinomial(p_last[:1], p_last.shape[0], replacement=True, generator=generator)[0]
+
+
+def _bonus_global_rng(p_last, generator=None):
+    return torch.multinomial(p_last, 1)[:, 0]
+
+
 MISTAKES = [
     Mistake("draft_propose", "greedy_softmax_q", shipped.draft_propose,
             "a draft that always proposes its argmax has a one-hot q; reporting the sampling distribution instead makes "
@@ -87,4 +119,17 @@ MISTAKES = [
             "the max_tokens-th token is the last one: stream at most max_tokens - generated"),
     Mistake("stream_counts", "row_zero_for_all", lambda *a: _stream(*a, row_zero=True),
             "every row has its own committed count, history and limit: use row b's values for row b"),
+    Mistake("draft_propose", "greedy_keeps_softmax_q", _greedy_fix_softmax_q,
+            "a greedy token is drawn from the one-hot at its argmax: report that q (params.probs gives it at "
+            "temperature 0), not the softmax"),
+    Mistake("draft_propose", "first_row_for_all", _first_row_for_all,
+            "each row has its own logits: compute q and draw the token row by row (params.probs(logits) is batched)"),
+    Mistake("residual", "normalised_over_dim_1", _residual_dim_one,
+            "the shapes are (..., V): normalise over the last dimension"),
+    Mistake("correction_token", "row_zero_for_all", _correction_row_zero,
+            "each row samples from its own residual"),
+    Mistake("bonus_token", "row_zero_for_all", _bonus_row_zero,
+            "each row samples from its own p_last"),
+    Mistake("bonus_token", "global_rng", _bonus_global_rng,
+            "draw with the generator you are given"),
 ]

@@ -33,6 +33,19 @@ def _residual_from_q(p, q, y, u, generator=None):
     return False, int(torch.multinomial(excess if excess.sum() > 0 else p.double(), 1, generator=generator))
 
 
+def _float32_compare(p, q, y, u, generator=None):
+    ratio = (p[y].float() / q[y].float()) if float(q[y]) > 0 else torch.tensor(0.0)
+    if torch.tensor(u, dtype=torch.float32) < ratio:
+        return True, int(y)
+    return False, int(torch.multinomial(residual_distribution(p, q), 1, generator=generator))
+
+
+def _residual_global_rng(p, q, y, u, generator=None):
+    if u * float(q[y]) < float(p[y]):
+        return True, int(y)
+    return False, int(torch.multinomial(residual_distribution(p, q), 1))
+
+
 def _unnormalised(p, q):
     return (p.double() - q.double()).clamp_min(0)
 
@@ -95,4 +108,8 @@ MISTAKES: list[Mistake] = [
             "that is TV(p, q); the acceptance rate is 1 - TV(p, q) = sum min(p, q)."),
     Mistake("acceptance_rate", "inner_product", lambda p, q: float((p.double() * q.double()).sum()),
             "sum p*q is the chance two independent samples agree (exact-match verification), not the acceptance rate."),
+    Mistake("verify_token", "float32_comparison", _float32_compare,
+            "Compare in float64: a float32 u or ratio has 7 significant digits and flips decisions near the boundary."),
+    Mistake("verify_token", "global_rng", _residual_global_rng,
+            "Draw the residual sample with the generator you are given."),
 ]

@@ -55,6 +55,47 @@ def _greedy(tokens, parents, logits, *, first_path=False, no_bonus=False):
     return path, committed if no_bonus else committed + [best[path[-1]]]
 
 
+def _greedy_descent(tokens, parents, logits, *, latest_on_ties=False):
+    """Walk down from the root, always into the first (or the last) child that agrees: never backtracks,
+    so a longer agreeing branch under a later sibling is missed."""
+    best = logits.argmax(-1).tolist()
+    tokens = tokens.tolist()
+    path = [0]
+    while True:
+        agreeing = [c for c in range(1, len(parents)) if parents[c] == path[-1] and tokens[c] == best[path[-1]]]
+        if not agreeing:
+            break
+        path.append(agreeing[-1] if latest_on_ties else agreeing[0])
+    return path, [tokens[i] for i in path[1:]] + [best[path[-1]]]
+
+
+def _greedy_latest(tokens, parents, logits):
+    """The longest agreeing path, but the latest node on ties."""
+    best = logits.argmax(-1).tolist()
+    tokens = tokens.tolist()
+    results = []
+    for row in retrieve_indices(parents).tolist():
+        path = [0]
+        for node in row[1:]:
+            if node < 0 or tokens[node] != best[path[-1]]:
+                break
+            path.append(node)
+        results.append(path)
+    path = max(results, key=lambda p: (len(p), p[-1]))
+    return path, [tokens[i] for i in path[1:]] + [best[path[-1]]]
+
+
+def _sampling_global_rng(tokens, tree, p, generator=None):
+    return _sampling(tokens, tree, p, None)
+
+
+def _compact_row_zero(cache, start, path):
+    index = torch.tensor([start + node for node in path])
+    cache.k[:, 0, :, start : start + len(path)] = cache.k[:, 0, :, index]
+    cache.v[:, 0, :, start : start + len(path)] = cache.v[:, 0, :, index]
+    cache.crop(start + len(path))
+
+
 def _sampling(tokens, tree, p, generator=None, *, remove=True, renormalise=True):
     tokens = tokens.tolist()
     node, path, committed = 0, [0], []
@@ -111,4 +152,13 @@ MISTAKES = [
             "Move the accepted path's entries, not the first len(path) nodes."),
     Mistake("compact_cache", "no_crop", lambda *a: _compact(*a, crop=False),
             "Crop the cache to start + len(path)."),
+    Mistake("verify_tree_greedy", "greedy_descent", _greedy_descent,
+            "Do not stop at the first agreeing child: a later sibling with the same token may lead to a longer "
+            "agreeing path. Find the deepest agreeing node over the whole tree (the earliest on ties)."),
+    Mistake("verify_tree_greedy", "latest_on_ties", _greedy_latest,
+            "On a tie between equally long agreeing paths the earliest node wins (the smallest index)."),
+    Mistake("verify_tree_sampling", "global_rng", _sampling_global_rng,
+            "Draw every uniform and the final sample with the generator you are given."),
+    Mistake("compact_cache", "batch_row_zero_only", _compact_row_zero,
+            "Move the entries of every batch row (dimension 1), not only row 0."),
 ]

@@ -1,0 +1,383 @@
+"""Correct answers written differently from the reference must pass their checks.
+
+Each function here is a plausible correct answer a learner might write: a loop where speed is not
+graded, another valid way to draw the random numbers (an exponential race or Gumbel-max instead
+of torch.multinomial, another order of draws), a different but equivalent comparison. A check
+that rejects one of them is too narrow, which is as much a defect as one that accepts a mistake.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec import engine
+from specdec.checks import analysis as analysis_checks
+from specdec.checks import chain as chain_checks
+from specdec.checks import engine as engine_checks
+from specdec.checks import greedy as greedy_checks
+from specdec.checks import ledger as ledger_checks
+from specdec.checks import lookup as lookup_checks
+from specdec.checks import pitfalls as pitfall_checks
+from specdec.checks import rejection as rejection_checks
+from specdec.checks import tree as tree_checks
+from specdec.engine import GREEDY
+from specdec.greedy import PAD
+from specdec.model import KVCache
+
+
+def _race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Sample index ~ weights / sum(weights) along the last dim by an exponential race (no multinomial)."""
+    u = torch.rand(weights.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    return (weights.double() / -u.log()).argmax(-1)
+
+
+def _gumbel(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Gumbel-max sampling: argmax of log p + Gumbel noise."""
+    u = torch.rand(probs.shape, generator=generator, dtype=torch.float64).clamp(1e-300, 1 - 1e-16)
+    return (probs.double().log() - (-u.log()).log()).argmax(-1)
+
+
+# -- notebook 01 ---------------------------------------------------------------------------------------------
+
+
+def expected_tokens_per_round(a: float, gamma: int) -> float:
+    return sum(a**i for i in range(gamma + 1))  # the geometric sum, term by term
+
+
+def speedup(a: float, gamma: int, c: float) -> float:
+    return expected_tokens_per_round(a, gamma) / (1 + gamma * c)
+
+
+def best_gamma(a: float, c: float, max_gamma: int = 32) -> int:
+    best, best_s = 1, -1.0
+    for g in range(1, max_gamma + 1):  # strictly greater: the smallest gamma wins a tie
+        s = speedup(a, g, c)
+        if s > best_s + 1e-15 * max(1.0, s):
+            best, best_s = g, s
+    return best
+
+
+# -- notebook 02 ---------------------------------------------------------------------------------------------
+
+
+def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    out = []
+    for i in range(len(draft) + 1):  # a loop: speed is not graded here
+        best = int(target_logits[i].argmax())
+        out.append(best)
+        if i == len(draft) or int(draft[i]) != best:
+            break
+    return torch.tensor(out, dtype=torch.long)
+
+
+def greedy_verify_batched(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    target = target_logits.argmax(-1)
+    mismatch = torch.cat([draft != target[:, :-1], torch.ones_like(draft[:, :1], dtype=torch.bool)], 1)
+    n_committed = mismatch.long().argmax(1) + 1  # the first mismatch (or the sentinel), counted from 1
+    keep = torch.arange(target.shape[1])[None, :] < n_committed[:, None]
+    return target.masked_fill(~keep, PAD), n_committed
+
+
+# -- notebook 03 ---------------------------------------------------------------------------------------------
+
+
+def verify_token(p, q, y, u, generator=None):
+    if float(q[y]) > 0 and u < float(p[y]) / float(q[y]):  # the division form, with q(y) > 0 guarded
+        return True, int(y)
+    return False, int(_race(residual_distribution(p, q), generator))
+
+
+def residual_distribution(p, q):
+    excess = torch.clamp(p.double() - q.double(), min=0.0)
+    total = float(excess.sum())
+    return excess / total if total > 0 else p.double().clone()
+
+
+def acceptance_rate(p, q):
+    return 1.0 - 0.5 * float((p.double() - q.double()).abs().sum())  # 1 - TV(p, q)
+
+
+# -- notebook 04 ---------------------------------------------------------------------------------------------
+
+
+def verify_chain(p, q, draft, generator=None):
+    gamma = len(draft)
+    us = torch.rand(gamma, generator=generator, dtype=torch.float64)  # every uniform up front
+    out = []
+    for i in range(gamma):
+        y = int(draft[i])
+        if float(us[i]) * float(q[i, y]) < float(p[i, y]):
+            out.append(y)
+            continue
+        out.append(int(_gumbel(residual_distribution(p[i], q[i]), generator)))
+        return torch.tensor(out, dtype=torch.long)
+    out.append(int(_gumbel(p[gamma].double(), generator)))
+    return torch.tensor(out, dtype=torch.long)
+
+
+def expected_committed_length(accept_probs):
+    total, survive = 1.0, 1.0
+    for a in accept_probs:
+        survive *= a
+        total += survive
+    return total
+
+
+def verify_chain_batched(p, q, draft, generator=None):
+    B, gamma = draft.shape
+    u = torch.rand(B, gamma, generator=generator, dtype=torch.float64)
+    p_draft = p[:, :gamma].gather(-1, draft[..., None])[..., 0].double()
+    q_draft = q.gather(-1, draft[..., None])[..., 0].double()
+    rejected = u * q_draft >= p_draft
+    k = torch.where(rejected.any(1), rejected.long().argmax(1), torch.full((B,), gamma))
+    rows = torch.arange(B)
+    q_pad = torch.cat([q.double(), torch.zeros_like(q[:, :1], dtype=torch.float64)], 1)
+    excess = (p[rows, k].double() - q_pad[rows, k]).clamp_min(0)
+    weights = torch.where(excess.sum(-1, keepdim=True) > 0, excess, p[rows, k].double())
+    extra = _race(weights, generator)  # the correction, or the bonus where k == gamma (q is zero there)
+    tokens = torch.where(torch.arange(gamma + 1) < k[:, None], torch.cat([draft, draft[:, :1]], 1), PAD)
+    tokens[rows, k] = extra
+    return tokens.long(), (k + 1).long()
+
+
+# -- notebook 05 ---------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def target_only_generate(target, prompt, n_tokens, params=GREEDY, generator=None):
+    cache = KVCache(target.config)
+    out = []
+    last = prompt[-1]
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), cache)
+    while len(out) < n_tokens:
+        probs = params.probs(target(torch.tensor([[last]]), cache)[0, -1])
+        last = int(torch.multinomial(probs, 1, generator=generator))  # multinomial instead of sample()
+        out.append(last)
+    return out
+
+
+@torch.inference_mode()
+def propose(draft, cache, pending, gamma, params=GREEDY, generator=None):
+    drafts, rows = [], []
+    logits = draft(torch.tensor([list(pending)]), cache)[0, -1]
+    for i in range(gamma):
+        q = params.probs(logits)
+        drafts.append(int(torch.multinomial(q, 1, generator=generator)))
+        rows.append(q)
+        if i < gamma - 1:
+            logits = draft(torch.tensor([[drafts[-1]]]), cache)[0, -1]
+    return drafts, torch.stack(rows)
+
+
+def accept_until_stop(output, committed, stop):
+    emitted = []
+    for token in committed:
+        emitted.append(token)
+        text = output + emitted
+        done = len(text) >= stop.max_tokens or token in stop.stop_token_ids
+        for seq in stop.stop_sequences:
+            if len(text) >= len(seq) and tuple(text[len(text) - len(seq):]) == tuple(seq):
+                done = True
+        if done:
+            return emitted, True
+    return emitted, False
+
+
+@torch.inference_mode()
+def generate_until_stop(target, draft, prompt, stop, gamma, params=GREEDY, generator=None):
+    t_cache, d_cache = KVCache(target.config), KVCache(draft.config)
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), t_cache)
+        draft(torch.tensor([prompt[:-1]]), d_cache)
+    output, pending = [], [prompt[-1]]
+    while True:
+        P = len(prompt) + len(output)
+        drafts, q = engine.propose(draft, d_cache, pending, gamma, params, generator)
+        logits = target(torch.tensor([[([prompt[-1]] + output)[-1]] + drafts]), t_cache)[0]
+        if params.temperature == 0:
+            committed = engine.greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = engine.verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        emitted, finished = accept_until_stop(output, committed, stop)
+        output = output + emitted
+        pending = engine.rollback(t_cache, d_cache, P, drafts, emitted)
+        if finished:
+            return output, t_cache, d_cache
+
+
+# -- notebook 06 ---------------------------------------------------------------------------------------------
+
+
+def find_match(tokens, n):
+    tokens = list(tokens)
+    if n >= len(tokens):
+        return -1
+    suffix = tokens[-n:]
+    starts = [s for s in range(len(tokens) - n) if tokens[s : s + n] == suffix]
+    return starts[-1] if starts else -1  # all matches, then the latest
+
+
+def find_match_vectorised(tokens, n):
+    L = tokens.shape[0]
+    if n >= L:
+        return -1
+    hits = torch.ones(L - n, dtype=torch.bool)
+    for j in range(n):  # a loop over the n-gram's length, not over positions
+        hits &= tokens[j : L - n + j] == tokens[L - n + j]
+    where = torch.arange(L - n)[hits]
+    return int(where.max()) if where.numel() else -1
+
+
+# -- notebook 07 ---------------------------------------------------------------------------------------------
+
+
+def verify_tree_greedy(tokens, parents, logits):
+    best = logits.argmax(-1).tolist()
+    tokens = tokens.tolist()
+    children = {i: [c for c in range(1, len(parents)) if parents[c] == i] for i in range(len(parents))}
+
+    def deepest(node: int) -> list[int]:  # depth-first: the longest agreeing path below node, earliest on ties
+        found = [node]
+        for c in children[node]:
+            if tokens[c] == best[node]:
+                below = [node] + deepest(c)
+                if len(below) > len(found) or (len(below) == len(found) and below[-1] < found[-1]):
+                    found = below
+        return found
+
+    path = deepest(0)
+    return path, [tokens[i] for i in path[1:]] + [best[path[-1]]]
+
+
+def verify_tree_sampling(tokens, tree, p, generator=None):
+    tokens = tokens.tolist()
+    node, path, committed = 0, [0], []
+    while True:
+        r = p[node].double().clone()
+        moved = False
+        for child in tree.children(node):
+            y = tokens[child]
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            if u < float(r[y]) / float(r.sum()):  # divide instead of multiplying
+                node, moved = child, True
+                break
+            r[y] = 0.0
+        if not moved:
+            committed.append(int(_race(r, generator)))
+            return path, committed
+        path.append(node)
+        committed.append(tokens[node])
+
+
+def compact_cache(cache, start, path):
+    for slot, node in enumerate(path):  # one slot at a time; moving forward never overwrites a later source
+        cache.k[:, :, :, start + slot] = cache.k[:, :, :, start + node]
+        cache.v[:, :, :, start + slot] = cache.v[:, :, :, start + node]
+    cache.crop(start + len(path))
+
+
+# -- notebook 09 ---------------------------------------------------------------------------------------------
+
+
+def acceptance_from_rounds(accepted, gamma):
+    if gamma < 1 or not accepted or any(not 0 <= k <= gamma for k in accepted):
+        raise ValueError("need gamma >= 1 and rounds with 0 <= accepted <= gamma")
+    tested = sum(k if k == gamma else k + 1 for k in accepted)
+    return sum(accepted) / tested
+
+
+def predicted_speedup(a, gamma, c, verify_ratio=1.0):
+    return sum(a**i for i in range(gamma + 1)) / (gamma * c + verify_ratio)
+
+
+# -- notebook 10 ---------------------------------------------------------------------------------------------
+
+
+def draft_propose(logits, params, generator=None):
+    q = params.probs(logits)
+    return _gumbel(q, generator), q  # Gumbel-max draws from q; at temperature 0 q is one-hot: the argmax
+
+
+def correction_token(p, q, generator=None):
+    excess = (p - q).clamp_min(0)
+    weights = torch.where(excess.sum(-1, keepdim=True) > 0, excess, p)
+    return _race(weights, generator)  # the unnormalised residual, as vLLM samples it
+
+
+def bonus_token(p_last, generator=None):
+    return _gumbel(p_last, generator)
+
+
+def accepted_counts(accept):
+    rejected = torch.cat([~accept, torch.ones_like(accept[:, :1])], 1)
+    return rejected.long().argmax(1)  # the first rejection's position is the number accepted
+
+
+def accept_drafts(p_draft, q_draft, u):
+    return (q_draft > 0) & (u < p_draft / q_draft.clamp_min(1e-300))
+
+
+def stream_counts(tokens, n_committed, generated, eos_id, max_tokens):
+    valid = torch.arange(tokens.shape[1])[None, :] < n_committed[:, None]
+    eos_before = ((tokens == eos_id) & valid).long().cumsum(1)  # EOS seen up to and including each position
+    keep = valid & ((eos_before - (tokens == eos_id).long()) == 0)  # positions not after an EOS
+    through_eos = keep.sum(1)
+    stream = torch.clamp(through_eos, max=max_tokens - generated)
+    ended_by_eos = (((tokens == eos_id) & valid).long().cumsum(1) > 0).gather(1, (stream - 1)[:, None])[:, 0]
+    return stream, ended_by_eos | (generated + stream == max_tokens)
+
+
+ALTERNATIVES = [
+    (expected_tokens_per_round, ledger_checks.check_expected_tokens_per_round),
+    (speedup, ledger_checks.check_speedup),
+    (best_gamma, ledger_checks.check_best_gamma),
+    (greedy_verify, greedy_checks.check_greedy_verify),
+    (greedy_verify_batched, greedy_checks.check_greedy_verify_batched),
+    (verify_token, rejection_checks.check_verify_token),
+    (residual_distribution, rejection_checks.check_residual_distribution),
+    (acceptance_rate, rejection_checks.check_acceptance_rate),
+    (verify_chain, chain_checks.check_verify_chain),
+    (expected_committed_length, chain_checks.check_expected_committed_length),
+    (verify_chain_batched, chain_checks.check_verify_chain_batched),
+    (target_only_generate, engine_checks.check_target_only_generate),
+    (propose, engine_checks.check_propose),
+    (accept_until_stop, engine_checks.check_accept_until_stop),
+    (generate_until_stop, engine_checks.check_generate_until_stop),
+    (find_match, lookup_checks.check_find_match),
+    (find_match_vectorised, lookup_checks.check_find_match_vectorised),
+    (verify_tree_greedy, tree_checks.check_verify_tree_greedy),
+    (verify_tree_sampling, tree_checks.check_verify_tree_sampling),
+    (compact_cache, tree_checks.check_compact_cache),
+    (acceptance_from_rounds, analysis_checks.check_acceptance_from_rounds),
+    (predicted_speedup, analysis_checks.check_predicted_speedup),
+    (draft_propose, pitfall_checks.check_draft_propose),
+    (correction_token, pitfall_checks.check_correction_token),
+    (bonus_token, pitfall_checks.check_bonus_token),
+    (accepted_counts, pitfall_checks.check_accepted_counts),
+    (accept_drafts, pitfall_checks.check_accept_drafts),
+    (stream_counts, pitfall_checks.check_stream_counts),
+]
+
+
+@pytest.mark.parametrize("fn, check", ALTERNATIVES, ids=[fn.__name__ for fn, _ in ALTERNATIVES])
+def test_an_alternative_correct_answer_passes(fn, check):
+    check(fn)
+
+
+def test_the_alternatives_are_not_the_reference():
+    """Guard against an alternative that is a copy of the reference (it would prove nothing)."""
+    import inspect
+
+    from specdec import chain, greedy, ledger, lookup, pitfalls, rejection, tree
+
+    modules = [ledger, greedy, rejection, chain, engine, lookup, tree, pitfalls]
+    for fn, _ in ALTERNATIVES:
+        for module in modules:
+            reference = getattr(module, fn.__name__, None)
+            if reference is not None and inspect.isfunction(reference):
+                assert inspect.getsource(reference).split('"""')[-1] != inspect.getsource(fn).split('"""')[-1]
+    assert math.isclose(expected_tokens_per_round(0.8, 4), 3.3616)
