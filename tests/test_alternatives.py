@@ -363,6 +363,244 @@ ALTERNATIVES = [
 ]
 
 
+# -- a second batch: the remaining exercises -------------------------------------------------------------------
+
+
+def count_params(cfg):
+    d, hd, layers = cfg.d_model, cfg.head_dim, cfg.n_layers
+    q_o = 2 * d * (cfg.n_heads * hd)
+    k_v = 2 * d * (cfg.n_kv_heads * hd)
+    layer = q_o + k_v + 3 * d * cfg.d_ff + 2 * d
+    matrices = 1 if cfg.tied_embeddings else 2
+    return layers * layer + d + matrices * cfg.vocab_size * d
+
+
+def kv_bytes_per_token(cfg, bytes_per_elem=2):
+    return cfg.n_layers * (cfg.n_kv_heads * cfg.head_dim) * bytes_per_elem * 2
+
+
+def roofline_step_time_s(n_params, bytes_per_param, n_tokens, bandwidth, flops):
+    memory, compute = n_params * bytes_per_param / bandwidth, n_params * n_tokens * 2 / flops
+    return compute if compute > memory else memory
+
+
+def round_shapes(P, gamma, k):
+    from specdec.greedy import RoundShapes
+
+    full = k == gamma
+    return RoundShapes(target_input_len=1 + gamma, target_logit_rows=1 + gamma, committed_len=P + k + 1,
+                       target_cache_len=P + k, target_discarded=gamma - k,
+                       draft_cache_len=P + k - (1 if full else 0), draft_catch_up=int(full))
+
+
+def speculative_greedy_generate(target, draft, prompt, n_tokens, gamma):
+    out, per_round = [], []
+    tokens = prompt.tolist()
+    while len(out) < n_tokens:
+        proposal = list(tokens)
+        for _ in range(gamma):
+            proposal.append(int(draft.next_logits(torch.tensor(proposal)).argmax()))
+        rows = target.logits(torch.tensor(proposal))[-(gamma + 1):]
+        committed = greedy_verify(torch.tensor(proposal[len(tokens):]), rows).tolist()
+        tokens += committed
+        out += committed
+        per_round.append(len(committed))
+    return torch.tensor(out[:n_tokens]), per_round
+
+
+def acceptance_probability(p, q, y):
+    ratio = float(p[y]) / float(q[y])
+    return ratio if ratio < 1 else 1.0
+
+
+def output_paths(p, q):
+    p, q = p.double(), q.double()
+    accept_path = torch.minimum(p, q)  # q(x) min(1, p/q), written as the theorem's min(p, q)
+    beta = float(accept_path.sum())
+    return accept_path, (1 - beta) * residual_distribution(p, q)
+
+
+def best_gamma_measured(accept_probs, draft_step_s, verify_s):
+    best, best_rate = None, -1.0
+    for g in range(1, len(verify_s) + 1):
+        rate = expected_committed_length(accept_probs[:g]) / (g * draft_step_s + verify_s[g - 1])
+        if rate > best_rate:
+            best, best_rate = g, rate
+    return best
+
+
+def speculative_round(target, draft, context, gamma, temperature, generator):
+    from specdec.sampling import probs_from_logits
+
+    proposal, q_rows, drafts = context.clone(), [], []
+    for _ in range(gamma):
+        q_i = probs_from_logits(draft.next_logits(proposal), temperature)
+        y = int(_race(q_i, generator))
+        drafts.append(y)
+        q_rows.append(q_i)
+        proposal = torch.cat([proposal, torch.tensor([y])])
+    p = probs_from_logits(target.logits(proposal)[-(gamma + 1):], temperature)
+    return verify_chain(p, torch.stack(q_rows), torch.tensor(drafts), generator)
+
+
+def rollback(target_cache, draft_cache, P, drafts, committed):
+    k = len(committed) - 1
+    target_cache.crop(P + k)
+    if k == len(drafts):
+        return [drafts[-1], committed[-1]]
+    draft_cache.crop(P + k)
+    return committed[-1:]
+
+
+@torch.inference_mode()
+def speculative_generate(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=None):
+    out, t_cache, d_cache = [], KVCache(target.config), KVCache(draft.config)
+    if len(prompt) > 1:
+        for model, cache in ((target, t_cache), (draft, d_cache)):
+            model(torch.tensor([prompt[:-1]]), cache)
+    pending = [prompt[-1]]
+    while len(out) < n_tokens:
+        P = len(prompt) + len(out)
+        drafts, q = propose(draft, d_cache, pending, gamma, params, generator)
+        last = (list(prompt) + out)[-1]
+        logits = target(torch.tensor([[last] + drafts]), t_cache)[0]
+        if params.temperature == 0:
+            committed = greedy_verify(torch.tensor(drafts), logits).tolist()
+        else:
+            committed = verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        out += committed
+        pending = rollback(t_cache, d_cache, P, drafts, committed)
+    return out[:n_tokens]
+
+
+def propose_ngram(tokens, gamma, n_max=3, n_min=1):
+    for n in reversed(range(n_min, n_max + 1)):
+        start = find_match(tokens, n)
+        if start != -1:
+            return list(tokens)[start + n : start + n + gamma]
+    return []
+
+
+@torch.inference_mode()
+def lookup_generate(target, prompt, n_tokens, gamma, params=GREEDY, generator=None, n_max=3, n_min=1):
+    cache, tokens = KVCache(target.config), list(prompt)
+    if len(prompt) > 1:
+        target(torch.tensor([prompt[:-1]]), cache)
+    while len(tokens) < len(prompt) + n_tokens:
+        P = len(tokens)
+        proposal = propose_ngram(tokens, gamma, n_max, n_min)
+        logits = target(torch.tensor([tokens[-1:] + proposal]), cache)[0]
+        probs = params.probs(logits)
+        committed = []
+        for i, y in enumerate(proposal):  # the exact-match form: sample from p and compare
+            x = int(torch.multinomial(probs[i], 1, generator=generator))
+            committed.append(x)
+            if x != y:
+                break
+        else:
+            committed.append(int(torch.multinomial(probs[len(proposal)], 1, generator=generator)))
+        tokens += committed
+        cache.crop(P + len(committed) - 1)
+    return tokens[len(prompt) : len(prompt) + n_tokens]
+
+
+def flatten_tree(choices):
+    from specdec.tree import Tree, check_choices
+
+    paths = sorted(set(check_choices(choices)), key=lambda c: (len(c), c))
+    position = {(): 0}
+    for i, path in enumerate(paths, start=1):
+        position[path] = i
+    return Tree(tuple([-1] + [position[c[:-1]] for c in paths]), tuple([0] + [len(c) for c in paths]),
+                tuple([0] + [c[-1] for c in paths]))
+
+
+def tree_mask(parents):
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j != -1:  # walk up to the root
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
+def tree_position_ids(cache_len, depths):
+    return torch.tensor([cache_len + d for d in depths], dtype=torch.long)
+
+
+def measured_costs(rounds, target_step_s):
+    if not rounds or target_step_s <= 0:
+        raise ValueError("need rounds and a positive step time")
+    draft_s = proposed = target_s = 0.0
+    for r in rounds:
+        draft_s, proposed, target_s = draft_s + r.draft_s, proposed + r.proposed, target_s + r.target_s
+    return draft_s / proposed / target_step_s, target_s / len(rounds) / target_step_s
+
+
+def best_measured_gamma(rows, task, proposer):
+    mine = sorted((r for r in rows if r["task"] == task and r["proposer"] == proposer), key=lambda r: r["gamma"])
+    if not mine:
+        raise ValueError(f"no rows for {task} / {proposer}")
+    best = mine[0]
+    for r in mine[1:]:
+        if r["tokens_per_s"] > best["tokens_per_s"]:
+            best = r
+    return best["gamma"]
+
+
+def draft_token_probs(probs, drafts):
+    B, gamma = drafts.shape
+    return probs[torch.arange(B)[:, None], torch.arange(gamma)[None, :], drafts]
+
+
+def residual(p, q):
+    r = torch.relu(p - q)
+    total = r.sum(dim=-1, keepdim=True)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    return torch.where(total > 0, r / safe, p)
+
+
+def verify_logits(target, cache, sequence, drafts):
+    return target(torch.tensor([[sequence[-1], *drafts]]), cache)[0]
+
+
+def decode_step_floor_s(n_params, bytes_per_param, bandwidth):
+    return (n_params * bytes_per_param) / bandwidth
+
+
+def tokens_per_s_cap(n_params, bytes_per_param, bandwidth):
+    return bandwidth / (n_params * bytes_per_param)
+
+
+ALTERNATIVES += [
+    (decode_step_floor_s, lambda fn: ledger_checks.check_decode_floor(fn, tokens_per_s_cap)),
+    (tokens_per_s_cap, lambda fn: ledger_checks.check_decode_floor(decode_step_floor_s, fn)),
+    (count_params, ledger_checks.check_count_params),
+    (kv_bytes_per_token, ledger_checks.check_kv_bytes_per_token),
+    (roofline_step_time_s, ledger_checks.check_roofline_step_time_s),
+    (round_shapes, greedy_checks.check_round_shapes),
+    (speculative_greedy_generate, greedy_checks.check_speculative_greedy_generate),
+    (acceptance_probability, rejection_checks.check_acceptance_probability),
+    (output_paths, rejection_checks.check_output_paths),
+    (best_gamma_measured, chain_checks.check_best_gamma_measured),
+    (speculative_round, chain_checks.check_speculative_round),
+    (rollback, engine_checks.check_rollback),
+    (speculative_generate, engine_checks.check_speculative_generate),
+    (propose_ngram, lookup_checks.check_propose_ngram),
+    (lookup_generate, lookup_checks.check_lookup_generate),
+    (flatten_tree, tree_checks.check_flatten_tree),
+    (tree_mask, tree_checks.check_tree_mask),
+    (tree_position_ids, tree_checks.check_tree_position_ids),
+    (measured_costs, analysis_checks.check_measured_costs),
+    (best_measured_gamma, analysis_checks.check_best_measured_gamma),
+    (draft_token_probs, pitfall_checks.check_draft_token_probs),
+    (residual, pitfall_checks.check_residual),
+    (verify_logits, pitfall_checks.check_verify_logits),
+]
+
+
 @pytest.mark.parametrize("fn, check", ALTERNATIVES, ids=[fn.__name__ for fn, _ in ALTERNATIVES])
 def test_an_alternative_correct_answer_passes(fn, check):
     check(fn)

@@ -173,6 +173,13 @@ def check_correction_token(fn: Callable) -> None:
         compare_frequencies(got[r * 3000 : (r + 1) * 3000].tolist(),
                             {i: float(x) for i, x in enumerate(ref.residual(rows_p[r], rows_q[r]))},
                             f"{label}: rows of pair {r}", "Each row samples from its own residual.")
+    p_zeros = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]], dtype=torch.float64)  # zeros exactly where q is large
+    q_large = torch.tensor([[0.45, 0.05, 0.45, 0.0, 0.05]], dtype=torch.float64)
+    label = "correction_token(p with zeros where q is large, q) over 5000 rows"
+    got = _tensor(label, call(fn, label, p_zeros.expand(5000, -1), q_large.expand(5000, -1),
+                              torch.Generator().manual_seed(12)), (5000,))
+    compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(ref.residual(p_zeros, q_large)[0])}, label,
+                        "Sample from max(p - q, 0), normalised: a token the target gives probability 0 never comes out.")
     expect_reproducible(fn, "correction_token(p uniform over 40 tokens, q one-hot, 16 rows)",
                         lambda seed: (torch.full((16, 40), 1 / 40, dtype=torch.float64),
                                       torch.nn.functional.one_hot(torch.zeros(16, dtype=torch.long), 40).double(),

@@ -39,7 +39,7 @@ def _causal_mask(parents):
     return torch.ones(len(parents), len(parents), dtype=torch.bool).tril()
 
 
-def _greedy(tokens, parents, logits, *, first_path=False, no_bonus=False):
+def _greedy(tokens, parents, logits, *, first_path=False, no_bonus=False, latest_on_ties=False):
     best = logits.argmax(-1).tolist()
     tokens = tokens.tolist()
     results = []
@@ -50,13 +50,13 @@ def _greedy(tokens, parents, logits, *, first_path=False, no_bonus=False):
                 break
             path.append(node)
         results.append(path)
-    path = results[0] if first_path else max(results, key=lambda p: (len(p), -p[-1]))
+    path = results[0] if first_path else max(results, key=lambda p: (len(p), p[-1] if latest_on_ties else -p[-1]))
     committed = [tokens[i] for i in path[1:]]
     return path, committed if no_bonus else committed + [best[path[-1]]]
 
 
-def _greedy_descent(tokens, parents, logits, *, latest_on_ties=False):
-    """Walk down from the root, always into the first (or the last) child that agrees: never backtracks,
+def _greedy_descent(tokens, parents, logits):
+    """Walk down from the root, always into the first child that agrees: never backtracks,
     so a longer agreeing branch under a later sibling is missed."""
     best = logits.argmax(-1).tolist()
     tokens = tokens.tolist()
@@ -65,23 +65,7 @@ def _greedy_descent(tokens, parents, logits, *, latest_on_ties=False):
         agreeing = [c for c in range(1, len(parents)) if parents[c] == path[-1] and tokens[c] == best[path[-1]]]
         if not agreeing:
             break
-        path.append(agreeing[-1] if latest_on_ties else agreeing[0])
-    return path, [tokens[i] for i in path[1:]] + [best[path[-1]]]
-
-
-def _greedy_latest(tokens, parents, logits):
-    """The longest agreeing path, but the latest node on ties."""
-    best = logits.argmax(-1).tolist()
-    tokens = tokens.tolist()
-    results = []
-    for row in retrieve_indices(parents).tolist():
-        path = [0]
-        for node in row[1:]:
-            if node < 0 or tokens[node] != best[path[-1]]:
-                break
-            path.append(node)
-        results.append(path)
-    path = max(results, key=lambda p: (len(p), p[-1]))
+        path.append(agreeing[0])
     return path, [tokens[i] for i in path[1:]] + [best[path[-1]]]
 
 
@@ -155,7 +139,7 @@ MISTAKES = [
     Mistake("verify_tree_greedy", "greedy_descent", _greedy_descent,
             "Do not stop at the first agreeing child: a later sibling with the same token may lead to a longer "
             "agreeing path. Find the deepest agreeing node over the whole tree (the earliest on ties)."),
-    Mistake("verify_tree_greedy", "latest_on_ties", _greedy_latest,
+    Mistake("verify_tree_greedy", "latest_on_ties", lambda *a: _greedy(*a, latest_on_ties=True),
             "On a tie between equally long agreeing paths the earliest node wins (the smallest index)."),
     Mistake("verify_tree_sampling", "global_rng", _sampling_global_rng,
             "Draw every uniform and the final sample with the generator you are given."),
