@@ -107,10 +107,14 @@ def test_error_in_a_solution_cell_is_named_for_the_tests_that_need_it(tmp_path):
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb))
     messages = _cell_messages(path)
-    assert messages["residual_test"] == "NameError: name 'residual' is not defined; the cell residual raised SyntaxError: invalid syntax"
-    assert messages["slow_test"].startswith("timed out") and "limit of 120 s" in messages["slow_test"]
+    assert messages["residual_test"] == ("the cell residual raised SyntaxError: invalid syntax (NameError: name 'residual' "
+                                         "is not defined here)")
+    assert messages["slow_test"].startswith("timed out: it ran past the per-cell limit of 120 s"), messages["slow_test"]
     assert "CELL_TIMEOUT" in messages["slow_test"] and "--cell-timeout" in messages["slow_test"]
     assert "limit of 30 s" in _cell_messages(path, 30)["slow_test"]
+    nb["cells"][0]["outputs"] = [{"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}]
+    path.write_text(json.dumps(nb))  # an answer cell that never ends: its test cell says so, not just NameError
+    assert _cell_messages(path)["residual_test"].startswith("the cell residual timed out: it ran past the per-cell limit")
 
 
 def test_written_answers_are_listed_for_an_instructor_and_kept_out_of_the_total():

@@ -105,9 +105,9 @@ def autograde(course_root: Path, slug: str, student: str = "*", timeout: float |
 
 def timeout_message(cell_timeout_s: float) -> str:
     """What a learner or an instructor reads when nbgrader stopped a cell at its time limit."""
-    return (f"timed out: the cell ran past the per-cell limit of {cell_timeout_s:g} s and was stopped, so it scored 0 "
-            "(the code it tests is too slow or never ends, or the machine was busy). Rerun on a quiet machine, or "
-            "raise the limit: `make grade CELL_TIMEOUT=300` (cohorts: `--cell-timeout 300`)")
+    return (f"timed out: it ran past the per-cell limit of {cell_timeout_s:g} s and was stopped (the code is too slow "
+            "or never ends, or the machine was busy). Rerun on a quiet machine, or raise the limit: "
+            "`make grade CELL_TIMEOUT=300` (cohorts: `--cell-timeout 300`)")
 
 
 def _error_line(out: dict) -> str:
@@ -127,7 +127,10 @@ def _cell_messages(notebook_path: Path, cell_timeout_s: float = CELL_TIMEOUT_S) 
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if not meta.get("grade"):
             if errors and cell.get("cell_type") == "code":
-                broken_above = f"{meta.get('grade_id', 'a cell above')} raised {_error_line(errors[0])}"
+                name = meta.get("grade_id", "a cell above")
+                timed_out = errors[0].get("ename") in ("KeyboardInterrupt", "CellTimeoutError")
+                broken_above = (f"{name} {timeout_message(cell_timeout_s)}" if timed_out
+                                else f"{name} raised {_error_line(errors[0])}")
             continue
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
@@ -137,8 +140,10 @@ def _cell_messages(notebook_path: Path, cell_timeout_s: float = CELL_TIMEOUT_S) 
                     messages[meta["grade_id"]] = f"not done yet ({where or 'the skeleton'} still raises NotImplementedError)"
                 elif out.get("ename") in ("KeyboardInterrupt", "CellTimeoutError"):
                     messages[meta["grade_id"]] = timeout_message(cell_timeout_s)
-                elif out.get("ename") == "NameError" and broken_above:
-                    messages[meta["grade_id"]] = f"{_error_line(out)}; the cell {broken_above}"
+                elif broken_above and "NameError" in f"{out.get('ename')} {out.get('evalue')}":
+                    # a function left undefined by a failed answer cell: name that cell (a check reports the
+                    # NameError inside its own message)
+                    messages[meta["grade_id"]] = f"the cell {broken_above} ({_error_line(out)} here)"
                 elif out.get("ename") == "CheckFailure":  # the course's own checks: the message says it all
                     messages[meta["grade_id"]] = first[0] if first else "check failed"
                 else:
