@@ -84,6 +84,21 @@ def check_best_measured_gamma(fn: Callable) -> None:
             mine = [(r["gamma"], r["tokens_per_s"]) for r in rows if r["task"] == task and r["proposer"] == proposer]
             raise CheckFailure(f"{label}: expected {want}, got {got!r}; the rows of this task and proposer, "
                                f"(gamma, tokens/s): {mine}." + diagnose(mistakes, history))
+    rng = random.Random(9)
+    for k in range(20):  # random sweeps in random order, with ties and other tasks and proposers mixed in
+        spec = [(rng.choice(["code", "math"]), rng.choice(["draft", "lookup"]), g, float(rng.choice([500, 510, 520, 530])))
+                for g in rng.sample(range(1, 17), rng.randint(3, 9))]
+        rows = _rows(spec)
+        task, proposer = spec[0][0], spec[0][1]
+        want = ref.best_measured_gamma(rows, task, proposer)
+        label = f"best_measured_gamma(random rows {k}, {task!r}, {proposer!r})"
+        got = call(fn, label, rows, task, proposer)
+        history.append(((rows, task, proposer), got))
+        if got != want:
+            mine = sorted((r["gamma"], r["tokens_per_s"]) for r in rows if r["task"] == task and r["proposer"] == proposer)
+            raise CheckFailure(f"{label}: expected {want}, got {got!r}; the rows of this task and proposer, (gamma, "
+                               f"tokens/s): {mine}. The highest tokens/s wins; on a tie, the smaller gamma."
+                               + diagnose(mistakes, history))
 
 
 def check_code_vs_math(answer: object) -> None:

@@ -27,6 +27,22 @@ TREES = [
 ]
 
 
+def _random_trees(n: int) -> list[tuple[str, list[tuple[int, ...]]]]:
+    """Random trees given as choices in a random order (every prefix of a choice is a choice too)."""
+    rng = random.Random(_SEED + 2)
+    trees = []
+    for k in range(n):
+        nodes = {()}
+        for _ in range(rng.randint(1, 14)):
+            parent = rng.choice(sorted(nodes))
+            if len(parent) < 4:
+                nodes.add(parent + (rng.randint(0, 3),))
+        choices = [c for c in nodes if c]
+        rng.shuffle(choices)
+        trees.append((f"random tree {k}", choices))
+    return trees
+
+
 def _fields(got) -> tuple | None:
     try:
         return tuple(tuple(int(x) for x in getattr(got, name)) for name in ("parents", "depths", "ranks"))
@@ -35,7 +51,7 @@ def _fields(got) -> tuple | None:
 
 
 def check_flatten_tree(fn: Callable) -> None:
-    for desc, choices in TREES:
+    for desc, choices in TREES + _random_trees(20):
         label = f"flatten_tree({desc}: {list(choices)})"
         got = call(fn, label, list(choices))
         expected = ref.flatten_tree(choices)
@@ -47,7 +63,7 @@ def check_flatten_tree(fn: Callable) -> None:
 
 
 def check_tree_mask(fn: Callable) -> None:
-    for desc, choices in TREES:
+    for desc, choices in TREES + _random_trees(20):
         parents = ref.flatten_tree(choices).parents
         label = f"tree_mask(parents={list(parents)}) for {desc}"
         got = call(fn, label, list(parents))
@@ -63,7 +79,7 @@ def check_tree_mask(fn: Callable) -> None:
 
 
 def check_tree_position_ids(fn: Callable) -> None:
-    for desc, choices in TREES:
+    for desc, choices in TREES + _random_trees(20):
         depths = ref.flatten_tree(choices).depths
         for cache_len in (0, 17):
             label = f"tree_position_ids(cache_len={cache_len}, depths={list(depths)}) for {desc}"
