@@ -16,10 +16,11 @@ from functools import cache
 import torch
 
 from specdec import engine
-from specdec.checks.core import CheckFailure, call, expect_reproducible, single_threaded, upstream_note
+from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, single_threaded, upstream_note
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import GREEDY, RecordingModel, SamplingParams
 from specdec.greedy import greedy_verify
+from specdec.mistakes import for_exercise
 from specdec.model import KVCache, Llama, LlamaConfig
 from specdec.paths import DATA_DIR
 
@@ -407,9 +408,6 @@ def _stop_cases(seed: int = 0, n: int = 300):
 def check_accept_until_stop(fn: Callable) -> None:
     """Equal to the reference on hand-picked and random reachable states; returns (list of ints,
     bool); leaves the caller's lists alone."""
-    from specdec.checks.core import diagnose
-    from specdec.mistakes import for_exercise
-
     history = []
     for description, (output, committed, stop) in _stop_cases():
         label = f"accept_until_stop({description}: output={output}, committed={committed}, {stop})"
