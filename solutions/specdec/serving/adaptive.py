@@ -1,0 +1,80 @@
+"""Notebook 11, when speculation pays in a batch: gamma from measured acceptance and step costs.
+
+Notebook 01's cost model with a batch: B decoding rows with gamma drafts each cost gamma
+draft forwards over B tokens and one target forward over B * (gamma + 1) tokens, and
+commit B * E(alpha, gamma) tokens. While a forward is memory bound its time hardly grows
+with the tokens it carries, and speculation is nearly free; once the batch makes it
+compute bound, every draft position costs as much as a real token and gamma -> 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from specdec.ledger import expected_tokens_per_round
+from specdec.validate import check_positive_int, check_probability
+
+
+def choose_gamma(alpha: float, batch_size: int, step_time: Callable[[int], float],
+                 draft_step_time: Callable[[int], float], max_gamma: int) -> int:
+    """The drafts per row, 0..max_gamma (0: speculation off), that maximise expected tokens/s.
+
+    ``step_time(n)``: seconds of one target forward over n tokens; ``draft_step_time(n)``: one
+    draft forward over n tokens. gamma drafts commit ``batch_size * E`` tokens with
+    ``E = expected_tokens_per_round(alpha, gamma)`` (notebook 01) and cost
+    ``gamma * draft_step_time(batch_size) + step_time(batch_size * (gamma + 1))`` seconds.
+    Ties go to the smaller gamma.
+    """
+    check_probability(alpha, "alpha")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(max_gamma, "max_gamma", minimum=0)
+    ### BEGIN SOLUTION
+    best, best_rate = 0, -1.0
+    for gamma in range(max_gamma + 1):
+        seconds = gamma * draft_step_time(batch_size) + step_time(batch_size * (gamma + 1))
+        rate = batch_size * expected_tokens_per_round(alpha, gamma) / seconds
+        if rate > best_rate:
+            best, best_rate = gamma, rate
+    return best
+    ### END SOLUTION
+
+
+class StepCosts:
+    """Measured forward times against the tokens a forward carries, linearly interpolated."""
+
+    def __init__(self, counts: list[int], seconds: list[float]) -> None:
+        if len(counts) != len(seconds) or len(counts) < 2 or counts != sorted(counts):
+            raise ValueError("need at least two increasing token counts, one time each")
+        self.counts, self.seconds = counts, seconds
+
+    def __call__(self, n: int) -> float:
+        c, s = self.counts, self.seconds
+        if n <= c[0]:
+            return s[0]
+        for i in range(1, len(c)):
+            if n <= c[i] or i == len(c) - 1:  # beyond the last count: extend the last segment
+                return s[i - 1] + (s[i] - s[i - 1]) * (n - c[i - 1]) / (c[i] - c[i - 1])
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def measure(cls, forward: Callable[[int], object], counts: list[int], repeats: int = 5) -> StepCosts:
+        """Time ``forward(n)`` for each count (median of ``repeats`` after a warm-up)."""
+        seconds = []
+        for n in counts:
+            forward(n)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                forward(n)
+                times.append(time.perf_counter() - start)
+            seconds.append(sorted(times)[len(times) // 2])
+        return cls(counts, seconds)
+
+    def to_dict(self) -> dict:
+        return {"counts": self.counts, "seconds": self.seconds}
+
+
+def acceptance_estimate(accepted: int, proposed: int, prior: float = 0.5, weight: int = 8) -> float:
+    """Measured acceptance, pulled toward ``prior`` while few drafts were seen (``weight`` pseudo-drafts)."""
+    return (accepted + prior * weight) / (proposed + weight)

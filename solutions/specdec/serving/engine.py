@@ -1,0 +1,283 @@
+"""A continuous-batching engine with speculative decoding, on the course's Llama models.
+
+Each :meth:`ServingEngine.step`:
+
+1. picks each decoding row's lookahead (its gamma, or :func:`choose_gamma` for "auto" rows);
+2. schedules under the token budget and the free blocks (:func:`schedule_step`), preempting
+   if it must, and reserves every scheduled row's slots, lookahead included (:func:`reserve_slots`);
+3. drafts: the draft feeds each speculating row's pending tokens, then one token per row
+   per draft position, all rows in one forward each (ragged);
+4. verifies: one target forward over every scheduled row at once (prefill chunks, plain
+   decode rows and ``1 + gamma`` verify positions side by side) and verifies each
+   speculating row with notebook 02's or 04's verifier, with that row's settings;
+5. commits each row's own count, ending rows at stops inside the drafts (:func:`commit_round`),
+   and gives back every block the row no longer needs (:func:`release_slots`).
+
+Each request samples from its own seeded generator, so its output does not depend on
+which other requests shared its batches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdec import tokenizer
+from specdec.chain import verify_chain
+from specdec.engine import GREEDY, SamplingParams, StopCriteria
+from specdec.greedy import greedy_verify
+from specdec.model import Llama
+from specdec.sampling import sample
+from specdec.serving.adaptive import StepCosts, acceptance_estimate, choose_gamma
+from specdec.serving.blocks import blocks_for, release_slots, reserve_slots
+from specdec.serving.commit import commit_round
+from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
+from specdec.serving.scheduler import schedule_step
+from specdec.serving.sequence import Seq
+from specdec.validate import check_positive_int
+
+
+@dataclass
+class StepRecord:
+    """What one step did, for plots and the benchmark."""
+
+    seconds: float
+    target_tokens: int  # tokens in the target's forward
+    rows: int
+    decoding_rows: int
+    speculating_rows: int
+    gamma: int  # the largest lookahead granted
+    free_blocks: int
+
+
+class ServingEngine:
+    """Continuous batching with paged KV and per-request speculation. Not thread-safe."""
+
+    def __init__(self, target: Llama, draft: Llama | None = None, *, num_blocks: int = 512, block_size: int = 16,
+                 token_budget: int = 512, max_gamma: int = 8, costs: tuple[StepCosts, StepCosts] | None = None) -> None:
+        check_positive_int(num_blocks, "num_blocks")
+        check_positive_int(block_size, "block_size")
+        check_positive_int(token_budget, "token_budget")
+        check_positive_int(max_gamma, "max_gamma", minimum=0)
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"draft and target vocabularies differ ({draft.config.vocab_size} vs "
+                             f"{target.config.vocab_size}); they must share a tokenizer")
+        self.target, self.draft = target.eval(), draft.eval() if draft is not None else None
+        dtype = next(target.parameters()).dtype
+        self.kv = PagedKV(target.config, num_blocks, block_size, dtype)
+        self.draft_kv = PagedKV(draft.config, num_blocks, block_size, dtype) if draft is not None else None
+        self.num_blocks, self.block_size, self.token_budget, self.max_gamma = num_blocks, block_size, token_budget, max_gamma
+        self.free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+        self.waiting: list[Seq] = []
+        self.running: list[Seq] = []
+        self.done: dict[int, Seq] = {}
+        self.steps: list[StepRecord] = []
+        self.costs = costs
+        self._next_id = 0
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, prompt: Sequence[int] | str, max_tokens: int, params: SamplingParams = GREEDY, *,
+                    stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), gamma: int | str = 0,
+                    seed: int | None = None, arrival_s: float | None = None) -> int:
+        """Queue a request; returns its id. Raises ValueError or TypeError, leaving the engine as it was,
+        if the request is malformed or can never fit."""
+        tokens = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        V, context = self.target.config.vocab_size, self.target.config.max_seq_len
+        if not tokens:
+            raise ValueError("the prompt is empty: give at least one token")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < V for t in tokens):
+            raise ValueError(f"prompt token ids must be ints in [0, {V})")
+        check_positive_int(max_tokens, "max_tokens")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        params.probs(torch.zeros(1, V))  # raises on a bad temperature, top_k or top_p
+        stop_sequences = _stop_sequences(stop)
+        if isinstance(stop_token_ids, (str, bytes)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < V for t in stop_token_ids):
+            raise TypeError(f"stop_token_ids must be a sequence of token ids in [0, {V}), got {stop_token_ids!r}")
+        if gamma != "auto":
+            check_positive_int(gamma, "gamma", minimum=0)
+        if gamma != 0 and self.draft is None:
+            raise ValueError(f"gamma={gamma!r} needs a draft model: this engine has none")
+        if len(tokens) + max_tokens > context:
+            raise ValueError(f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) = {len(tokens) + max_tokens} "
+                             f"positions exceed the model's context of {context}")
+        if blocks_for(len(tokens) + max_tokens, self.block_size) > self.num_blocks:
+            raise ValueError(f"the request needs up to {blocks_for(len(tokens) + max_tokens, self.block_size)} blocks "
+                             f"of {self.block_size} slots; the engine has {self.num_blocks} in all")
+        seq = Seq(self._next_id, tokens, StopCriteria(max_tokens, tuple(stop_token_ids), stop_sequences), params, gamma,
+                  generator=torch.Generator().manual_seed(seed if seed is not None else self._next_id),
+                  arrival_s=time.perf_counter() if arrival_s is None else arrival_s)
+        self._next_id += 1
+        self.waiting.append(seq)
+        return seq.seq_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def run(self) -> dict[int, Seq]:
+        """Step until every request has finished; every request ever added, by id."""
+        while self.has_unfinished():
+            self.step()
+        return self.done
+
+    # ---- one step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> dict[int, list[int]]:
+        """One scheduler step and one target forward; the tokens each request emitted."""
+        start = time.perf_counter()
+        self._set_lookahead()
+        scheduled, preempted = schedule_step(self.running, self.waiting, self.token_budget, len(self.free_blocks),
+                                             self.block_size)
+        self._preempt(preempted)
+        admitted = [s for s in self.waiting if s.seq_id in scheduled]
+        self.waiting = [s for s in self.waiting if s.seq_id not in scheduled]
+        self.running += admitted
+        rows = [s for s in self.running if s.seq_id in scheduled]
+        for seq in rows:
+            if not reserve_slots(self.free_blocks, seq.block_table, seq.num_computed + scheduled[seq.seq_id], self.block_size):
+                raise RuntimeError(f"the scheduler granted request {seq.seq_id} blocks that are not free")
+        if not rows:
+            if self.running or self.waiting:
+                raise RuntimeError("no request could be scheduled: the token budget or the KV blocks are too small")
+            return {}
+        gammas = [scheduled[s.seq_id] - 1 if self._decoding(s) and s.lookahead else 0 for s in rows]
+        decoding = sum(self._decoding(s) for s in rows)
+        drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
+        emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
+        self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
+                                     decoding, sum(g > 0 for g in gammas),
+                                     max(gammas), len(self.free_blocks)))
+        return emitted
+
+    def _decoding(self, seq: Seq) -> bool:
+        return seq.num_tokens - seq.num_computed == 1
+
+    def _set_lookahead(self) -> None:
+        decoding = [s for s in self.running if self._decoding(s)]
+        auto = [s for s in decoding if s.gamma == "auto"]
+        auto_gamma = 0
+        if auto and self.max_gamma:
+            costs = self.costs or self.measure_costs()
+            alpha = acceptance_estimate(sum(s.accepted for s in auto), sum(s.proposed for s in auto))
+            auto_gamma = choose_gamma(alpha, len(decoding), costs[0], costs[1], self.max_gamma)
+        for seq in self.running:
+            wanted = auto_gamma if seq.gamma == "auto" else int(seq.gamma)
+            remaining = seq.stop.max_tokens - len(seq.output)  # never draft past max_tokens
+            seq.lookahead = min(wanted, remaining - 1) if self._decoding(seq) else 0
+
+    def _preempt(self, ids: list[int]) -> None:
+        for seq_id in ids:
+            seq = next(s for s in self.running if s.seq_id == seq_id)
+            release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
+            seq.num_computed = seq.draft_computed = seq.lookahead = 0
+            seq.preemptions += 1
+            self.running.remove(seq)
+            self.waiting.insert(0, seq)  # recomputed first, before any new request
+
+    def _draft(self, rows: list[Seq], gammas: list[int]) -> tuple[dict[int, list[int]], dict[int, torch.Tensor]]:
+        """gammas[b] proposals for each row: the first forward feeds each row's pending tokens."""
+        drafts: dict[int, list[int]] = {s.seq_id: [] for s in rows}
+        q_rows: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in rows}
+        feeds = {s.seq_id: s.tokens[s.draft_computed:] for s in rows}
+        for j in range(max(gammas, default=0)):
+            active = [s for s, g in zip(rows, gammas) if g > j]
+            batch = RaggedBatch([feeds[s.seq_id] for s in active], [s.draft_computed for s in active],
+                                [s.block_table for s in active])
+            logits = paged_forward(self.draft, self.draft_kv, batch, [[len(feeds[s.seq_id]) - 1] for s in active])
+            for seq, row_logits in zip(active, logits):
+                seq.draft_computed += len(feeds[seq.seq_id])
+                q = seq.params.probs(row_logits[-1])
+                token = int(sample(q, seq.generator))
+                drafts[seq.seq_id].append(token)
+                q_rows[seq.seq_id].append(q)
+                feeds[seq.seq_id] = [token]
+        return drafts, {k: torch.stack(v) for k, v in q_rows.items() if v}
+
+    def _verify_and_commit(self, rows: list[Seq], gammas: list[int], scheduled: dict[int, int],
+                           drafts: dict[int, list[int]], qs: dict[int, torch.Tensor]) -> dict[int, list[int]]:
+        feeds, logit_rows = [], []
+        for seq, gamma in zip(rows, gammas):
+            if gamma:
+                feeds.append(seq.tokens[-1:] + drafts[seq.seq_id])
+                logit_rows.append(list(range(gamma + 1)))
+            else:
+                n = scheduled[seq.seq_id]
+                feeds.append(seq.tokens[seq.num_computed : seq.num_computed + n])
+                logit_rows.append([n - 1] if seq.num_computed + n == seq.num_tokens else [])  # last chunk: sample
+        logits = paged_forward(self.target, self.kv, RaggedBatch(feeds, [s.num_computed for s in rows],
+                                                                 [s.block_table for s in rows]), logit_rows)
+        committing, committed, committing_gammas = [], [], []
+        for seq, gamma, row_logits, feed in zip(rows, gammas, logits, feeds):
+            if not len(row_logits):  # a prefill chunk that is not the prompt's last
+                seq.num_computed += len(feed)
+                continue
+            if gamma:
+                proposal = torch.tensor(drafts[seq.seq_id])
+                if seq.params.temperature == 0:
+                    tokens = greedy_verify(proposal, row_logits).tolist()
+                else:
+                    tokens = verify_chain(seq.params.probs(row_logits), qs[seq.seq_id], proposal, seq.generator).tolist()
+                seq.proposed, seq.accepted = seq.proposed + gamma, seq.accepted + len(tokens) - 1
+            else:
+                tokens = [int(sample(seq.params.probs(row_logits[-1]), seq.generator))]
+            committing.append(seq)
+            committed.append(tokens)
+            committing_gammas.append(gamma)
+        emitted_rows = commit_round(committing, committed, committing_gammas)
+        now, emitted = time.perf_counter(), {}
+        for seq, tokens in zip(committing, emitted_rows):
+            emitted[seq.seq_id] = tokens
+            if seq.first_token_s is None:
+                seq.first_token_s = now
+            if seq.finished:
+                seq.finish_s = now
+                release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
+                self.running.remove(seq)
+                self.done[seq.seq_id] = seq
+            else:
+                release_slots(self.free_blocks, seq.block_table, seq.num_computed, self.block_size)
+        return emitted
+
+    # ---- costs ------------------------------------------------------------------------------
+    def measure_costs(self, counts: Sequence[int] = (1, 8, 32, 64, 128, 256, 512), context: int = 128) -> tuple[StepCosts, StepCosts]:
+        """Time target and draft forwards against the tokens they carry (rows of one token over
+        ``context`` cached positions, the decode shape), and keep them for "auto" gamma."""
+        if self.draft is None:
+            raise ValueError("measuring speculation's costs needs a draft model")
+        self.costs = tuple(StepCosts.measure(lambda n, m=m: _decode_forward(m, n, context, self.block_size), list(counts))
+                           for m in (self.target, self.draft))
+        return self.costs
+
+
+def _stop_sequences(stop: str | Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """Stop strings as byte-level token sequences, with a clear error for anything else."""
+    strings = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) for s in strings):
+        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+    if any(not s for s in strings):
+        raise ValueError("a stop string must not be empty")
+    return tuple(tuple(tokenizer.encode(s)) for s in strings)
+
+
+@torch.inference_mode()
+def _decode_forward(model: Llama, rows: int, context: int, block_size: int) -> None:
+    """One forward of ``rows`` decode rows of one token each over ``context`` cached positions."""
+    per_row = blocks_for(context + 1, block_size)
+    kv = _scratch_kv(model, rows * per_row, block_size)
+    tables = [list(range(b * per_row, (b + 1) * per_row)) for b in range(rows)]
+    paged_forward(model, kv, RaggedBatch([[1]] * rows, [context] * rows, tables))
+
+
+_SCRATCH: dict[tuple[int, int, int], PagedKV] = {}
+
+
+def _scratch_kv(model: Llama, num_blocks: int, block_size: int) -> PagedKV:
+    key = (id(model), num_blocks, block_size)
+    if key not in _SCRATCH:
+        _SCRATCH.clear()
+        _SCRATCH[key] = PagedKV(model.config, num_blocks, block_size, next(model.parameters()).dtype)
+    return _SCRATCH[key]
