@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, tree
+from specdec.serving import adaptive, blocks, commit, scheduler
 from specdec.checks import CheckFailure, expect_close, expect_equal
 from specdec.checks import analysis as analysis_checks
 from specdec.checks import chain as chain_checks
@@ -15,6 +16,7 @@ from specdec.checks import ledger as ledger_checks
 from specdec.checks import lookup as lookup_checks
 from specdec.checks import pitfalls as pitfall_checks
 from specdec.checks import rejection as rejection_checks
+from specdec.checks import serving as serving_checks
 from specdec.checks import tree as tree_checks
 from specdec.mistakes import catalogue, for_exercise
 
@@ -75,6 +77,12 @@ RUN_CHECK = {
     "bonus_token": (pitfalls.bonus_token, pitfall_checks.check_bonus_token),
     "verify_logits": (pitfalls.verify_logits, pitfall_checks.check_verify_logits),
     "stream_counts": (pitfalls.stream_counts, pitfall_checks.check_stream_counts),
+    "reserve_slots": (blocks.reserve_slots, serving_checks.check_reserve_slots),
+    "release_slots": (blocks.release_slots, serving_checks.check_release_slots),
+    "slot_mapping": (blocks.slot_mapping, serving_checks.check_slot_mapping),
+    "commit_round": (commit.commit_round, serving_checks.check_commit_round),
+    "schedule_step": (scheduler.schedule_step, serving_checks.check_schedule_step),
+    "choose_gamma": (adaptive.choose_gamma, serving_checks.check_choose_gamma),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {

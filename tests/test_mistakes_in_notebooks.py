@@ -14,7 +14,7 @@ import io
 import pytest
 from conftest import nbgrader_meta, read, source_path
 
-from specdec.mistakes import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, tree
+from specdec.mistakes import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, serving, tree
 
 CATALOGUES = {
     "01_cost_ledger": ledger.MISTAKES,
@@ -27,6 +27,7 @@ CATALOGUES = {
     "08_gpu_kernels": kernels.MISTAKES,
     "09_benchmark": analysis.MISTAKES,
     "10_pitfalls_interview": pitfalls.MISTAKES,
+    "11_serving": serving.MISTAKES,
 }
 
 

@@ -24,7 +24,8 @@ class Mistake:
 
 
 #: The modules of the catalogue, one per notebook.
-MODULES = ("ledger", "greedy", "rejection", "chain", "engine", "lookup", "tree", "kernels", "analysis", "pitfalls")
+MODULES = ("ledger", "greedy", "rejection", "chain", "engine", "lookup", "tree", "kernels", "analysis", "pitfalls",
+           "serving")
 
 
 def catalogue() -> list[Mistake]:

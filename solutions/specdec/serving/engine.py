@@ -248,6 +248,7 @@ class ServingEngine:
         ``context`` cached positions, the decode shape), and keep them for "auto" gamma."""
         if self.draft is None:
             raise ValueError("measuring speculation's costs needs a draft model")
+        context = min(context, self.target.config.max_seq_len - 1, self.draft.config.max_seq_len - 1)
         self.costs = tuple(StepCosts.measure(lambda n, m=m: _decode_forward(m, n, context, self.block_size), list(counts))
                            for m in (self.target, self.draft))
         return self.costs

@@ -1,0 +1,208 @@
+"""The serving engine (notebook 11): greedy output equals batch-1 decoding for every request of
+a mixed batch, sampling is exact, no KV block leaks, bad requests fail alone and clearly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec import corpus, tokenizer
+from specdec.checks.engine import shipped_pair, target_joint, tiny_pair
+from specdec.checks.stats import compare_frequencies
+from specdec.engine import SamplingParams, target_only_generate
+from specdec.serving.engine import ServingEngine
+
+
+def _until_stop(tokens: list[int], stop_ids: tuple[int, ...], stop_strings: tuple[str, ...]) -> list[int]:
+    """The batch-1 reference cut at its first stop token or completed stop string."""
+    for i in range(len(tokens)):
+        text = tokens[: i + 1]
+        if tokens[i] in stop_ids or any(tokenizer.decode(text).endswith(s) for s in stop_strings):
+            return text
+    return tokens
+
+
+def _blocks_accounted(engine: ServingEngine) -> None:
+    held = [b for s in engine.running + engine.waiting for b in s.block_table]
+    everything = held + engine.free_blocks
+    assert sorted(everything) == list(range(engine.num_blocks)), "a block is leaked or held twice"
+
+
+def _run_checked(engine: ServingEngine) -> dict[int, list[int]]:
+    """Step to the end, checking the block accounting and the budget after every step; the streamed tokens."""
+    streamed: dict[int, list[int]] = {}
+    while engine.has_unfinished():
+        for seq_id, tokens in engine.step().items():
+            streamed.setdefault(seq_id, []).extend(tokens)
+        _blocks_accounted(engine)
+        assert engine.steps[-1].target_tokens <= engine.token_budget
+    assert len(engine.free_blocks) == engine.num_blocks
+    return streamed
+
+
+def _mixed_requests(seed: int, n: int = 18):
+    rng = random.Random(seed)
+    prompts = corpus.code_prompts(n // 2) + corpus.math_prompts(n - n // 2)
+    requests = []
+    for i, text in enumerate(prompts):
+        prompt = tokenizer.encode(text)[: rng.randrange(1, 160)]
+        stop_ids = (rng.choice(b"\n:=)"),) if i % 3 == 0 else ()
+        stop_strings = ("return", "= ") if i % 4 == 1 else ()
+        requests.append(dict(prompt=prompt, max_tokens=rng.randrange(1, 70), stop_token_ids=stop_ids, stop=stop_strings,
+                             gamma=[0, 1, 3, 5, 8, "auto"][i % 6]))
+    return requests
+
+
+@pytest.mark.parametrize("budget, blocks", [(512, 400), (48, 400), (96, 30)],
+                         ids=["roomy", "chunked-prefill", "preempting"])
+def test_greedy_mixed_batch_equals_batch_one_decoding(budget, blocks):
+    """18 greedy requests (prompt lengths 1-159, max_tokens 1-69, stop tokens and strings, gamma 0-8
+    and auto) in one engine equal target-only decoding of each alone, token for token (float32, CPU)."""
+    target, draft = shipped_pair()
+    engine = ServingEngine(target, draft, num_blocks=blocks, block_size=8, token_budget=budget, max_gamma=6)
+    requests = _mixed_requests(seed=budget)
+    ids = [engine.add_request(**r) for r in requests]
+    streamed = _run_checked(engine)
+    for seq_id, r in zip(ids, requests):
+        expected = _until_stop(target_only_generate(target, r["prompt"], r["max_tokens"]), r["stop_token_ids"], r["stop"])
+        seq = engine.done[seq_id]
+        assert seq.output == expected, f"request {seq_id} ({r}) differs from batch-1 decoding"
+        assert streamed[seq_id] == expected, "the streamed tokens are not the output (a token after a stop was sent?)"
+    if blocks == 30:
+        assert sum(s.preemptions for s in engine.done.values()) > 0, "the test meant to preempt did not"
+    if budget == 48:
+        assert any(len(r["prompt"]) > 48 for r in requests)
+    assert any(s.accepted for s in engine.done.values())
+
+
+def test_stop_inside_accepted_drafts_ends_the_request_there():
+    """With gamma 8 and a stop token that greedy decoding reaches mid-round, nothing after it is emitted."""
+    target, draft = shipped_pair()
+    prompt = tokenizer.encode(corpus.code_prompts(1)[0])
+    reference = target_only_generate(target, prompt, 40)
+    stop = reference[11]  # the 12th token: inside a round of 8 drafts
+    first = reference.index(stop)
+    engine = ServingEngine(target, draft, num_blocks=64, block_size=4, max_gamma=8)
+    seq_id = engine.add_request(prompt, 40, stop_token_ids=(stop,), gamma=8)
+    streamed = _run_checked(engine)
+    assert engine.done[seq_id].output == reference[: first + 1] == streamed[seq_id]
+    assert engine.done[seq_id].accepted > 0
+
+
+def test_max_tokens_is_never_overrun_by_accepted_drafts():
+    target, draft = shipped_pair()
+    engine = ServingEngine(target, draft, num_blocks=64, block_size=4)
+    prompt = tokenizer.encode(corpus.math_prompts(1)[0])
+    ids = {n: engine.add_request(prompt, n, gamma=8) for n in (1, 2, 5, 9, 10)}
+    _run_checked(engine)
+    reference = target_only_generate(target, prompt, 10)
+    for n, seq_id in ids.items():
+        assert engine.done[seq_id].output == reference[:n]
+
+
+def _joint_of_tokens_2_to_4(target, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int, int], float]:
+    """P(t2, t3, t4) under the target, enumerated: the sum over t1 of P(t1) P(t2, t3, t4 | t1)."""
+    with torch.no_grad():
+        first = params.probs(target(torch.tensor([prompt]))[0, -1])
+    joint: dict[tuple[int, int, int], float] = {}
+    for t1 in range(target.config.vocab_size):
+        for seq, p in target_joint(target, prompt + [t1], params).items():
+            joint[seq] = joint.get(seq, 0.0) + float(first[t1]) * p
+    return joint
+
+
+def test_sampling_is_exact_in_a_shared_batch():
+    """2000 sampled requests with two different prompts (temperature 1, gamma 2 or auto), served about 30 at a time:
+    tokens 2-4 of each (the first round of drafts, its bonus included; token 1 comes from the prefill) follow the
+    target's exact joint distribution for its prompt, enumerated from the model (5 sigma per outcome)."""
+    target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
+    params, prompts = SamplingParams(temperature=1.0), ([1, 2], [4, 0, 3])
+    engine = ServingEngine(target, draft, num_blocks=400, block_size=4, token_budget=100, max_gamma=2)
+    ids = [engine.add_request(prompts[i % 2], 6, params, gamma=2 if i % 3 else "auto", seed=i) for i in range(2000)]
+    engine.measure_costs(counts=(1, 64))
+    _run_checked(engine)
+    for k, prompt in enumerate(prompts):
+        exact = _joint_of_tokens_2_to_4(target, prompt, params)
+        compare_frequencies([tuple(engine.done[i].output[1:4]) for i in ids[k::2]], exact,
+                            f"serving engine, prompt {prompt}, tokens 2-4")
+    assert sum(s.proposed for s in engine.done.values()) > 4000
+
+
+def test_a_request_output_does_not_depend_on_its_batch():
+    """A seeded sampled request gives the same tokens alone and among others."""
+    target, draft = tiny_pair(vocab=32, noise=0.3, seed=1)
+    params = SamplingParams(temperature=0.8, top_k=10)
+    alone = ServingEngine(target, draft, num_blocks=64, block_size=4)
+    seq_id = alone.add_request([3, 4, 5], 20, params, gamma=3, seed=42)
+    alone.run()
+    crowd = ServingEngine(target, draft, num_blocks=64, block_size=4)
+    for i in range(5):
+        crowd.add_request([i + 1] * (i + 2), 15, params, gamma=i % 4, seed=i)
+    other = crowd.add_request([3, 4, 5], 20, params, gamma=3, seed=42)
+    crowd.run()
+    assert crowd.done[other].output == alone.done[seq_id].output
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(prompt=[1] * 90, max_tokens=10), ValueError, "exceed the model's context of 96"),
+    (dict(prompt=[1, 2], max_tokens=0), ValueError, "max_tokens must be >= 1"),
+    (dict(prompt=[1, 2], max_tokens=5, stop=5), TypeError, "stop must be a string or a list of strings"),
+    (dict(prompt=[1, 2], max_tokens=5, stop=[""]), ValueError, "must not be empty"),
+    (dict(prompt=[1, 2], max_tokens=5, stop_token_ids=[99]), TypeError, "stop_token_ids"),
+    (dict(prompt=[], max_tokens=5), ValueError, "the prompt is empty"),
+    (dict(prompt=[1, 40], max_tokens=5), ValueError, "in [0, 32)"),
+    (dict(prompt=[1, 2], max_tokens=5, gamma=-1), ValueError, "gamma must be >= 0"),
+    (dict(prompt=[1, 2], max_tokens=5, gamma="fast"), TypeError, "gamma must be an integer"),
+    (dict(prompt=[1, 2], max_tokens=5, params=SamplingParams(temperature=-1.0)), ValueError, "temperature"),
+    (dict(prompt=[1] * 40, max_tokens=50), ValueError, "needs up to 23 blocks of 4 slots; the engine has 20"),
+])
+def test_bad_requests_fail_alone_with_a_clear_error(kwargs, error, words):
+    target, draft = tiny_pair(vocab=32)
+    engine = ServingEngine(target, draft, num_blocks=20, block_size=4)
+    good = engine.add_request([5, 6, 7], 6, gamma=2)
+    with pytest.raises(error, match=_escape(words)):
+        engine.add_request(**kwargs)
+    assert [s.seq_id for s in engine.waiting] == [good]
+    engine.run()
+    assert len(engine.done[good].output) == 6 and len(engine.free_blocks) == 20
+
+
+def _escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def test_speculation_without_a_draft_is_refused():
+    target, _ = tiny_pair(vocab=32)
+    engine = ServingEngine(target, num_blocks=20, block_size=4)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        engine.add_request([1, 2], 4, gamma=3)
+    seq_id = engine.add_request([1, 2], 4)
+    assert engine.run()[seq_id].output == target_only_generate(target, [1, 2], 4)
+
+
+def test_engine_settings_are_checked():
+    target, draft = tiny_pair(vocab=32)
+    with pytest.raises(ValueError, match="token_budget must be >= 1"):
+        ServingEngine(target, draft, token_budget=0)
+    other = tiny_pair(vocab=16)[0]
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        ServingEngine(target, other)
+
+
+def test_auto_gamma_turns_speculation_off_when_verification_is_costly():
+    """With costs where every extra token costs a full forward, auto rows stop drafting; with flat costs they draft."""
+    from specdec.serving.adaptive import StepCosts
+
+    target, draft = tiny_pair(vocab=32, noise=0.1)
+    for costs, drafting in (((StepCosts([1, 100], [1.0, 100.0]), StepCosts([1, 100], [0.2, 20.0])), False),
+                            ((StepCosts([1, 100], [1.0, 1.0]), StepCosts([1, 100], [0.01, 0.01])), True)):
+        engine = ServingEngine(target, draft, num_blocks=200, block_size=4, costs=costs, max_gamma=4)
+        for i in range(6):
+            engine.add_request([i + 1, 2], 12, gamma="auto")
+        done = engine.run()
+        assert (sum(s.proposed for s in done.values()) > 0) == drafting
+        assert all(s.output == target_only_generate(target, s.prompt, 12) for s in done.values())
