@@ -270,3 +270,25 @@ def _gamma_cases() -> list[tuple[str, tuple]]:
 
 def check_choose_gamma(fn: Callable) -> None:
     compare_cases(fn, choose_gamma, _gamma_cases(), integer=True)
+
+
+# ---- visible tests --------------------------------------------------------------------------
+def expect_after(fn: Callable, args: dict[str, Any], returned: Any, after: dict[str, Any] | None = None) -> None:
+    """Visible test of a function that changes its arguments: call ``fn(**args)`` on copies, then compare
+    the return value and the named arguments afterwards. Lists compared ``in any order`` when the name says so."""
+    copies = copy.deepcopy(args)
+    label = f"{getattr(fn, '__name__', 'function')}({', '.join(f'{k}={fmt(v)}' for k, v in args.items())})"
+    try:
+        got = fn(**copies)
+    except NotImplementedError as err:
+        raise not_implemented(fn, label, err) from None
+    except Exception as err:
+        raise CheckFailure(f"{label} raised {type(err).__name__}: {err}") from None
+    wrong = [] if got == returned else [f"it should return {fmt(returned)}, got {fmt(got)}"]
+    for name, expected in (after or {}).items():
+        key, unordered = name.removesuffix(" (any order)"), name.endswith("(any order)")
+        value = copies[key]
+        if (sorted(value) if unordered else value) != (sorted(expected) if unordered else expected):
+            wrong.append(f"{key} afterwards should be {fmt(expected)}{' in any order' if unordered else ''}, got {fmt(value)}")
+    if wrong:
+        raise CheckFailure(f"{label}: " + "; ".join(wrong) + ".")

@@ -20,7 +20,7 @@ which other requests shared its batches.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +32,18 @@ from specdec.greedy import greedy_verify
 from specdec.model import Llama
 from specdec.sampling import sample
 from specdec.serving.adaptive import StepCosts, acceptance_estimate, choose_gamma
-from specdec.serving.blocks import blocks_for, release_slots, reserve_slots
+from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
 from specdec.serving.scheduler import schedule_step
 from specdec.serving.sequence import Seq
 from specdec.validate import check_positive_int
+
+
+PARTS: dict[str, Callable] = {"reserve_slots": reserve_slots, "release_slots": release_slots, "slot_mapping": slot_mapping,
+                               "commit_round": commit_round, "schedule_step": schedule_step, "choose_gamma": choose_gamma}
+AUTO_DECAY = 0.99  # old acceptance evidence fades: about 100 steps
+AUTO_PROBE_BELOW = 8.0  # with fewer recent drafts than this, "auto" drafts at least one token (explores)
 
 
 @dataclass
@@ -57,7 +63,10 @@ class ServingEngine:
     """Continuous batching with paged KV and per-request speculation. Not thread-safe."""
 
     def __init__(self, target: Llama, draft: Llama | None = None, *, num_blocks: int = 512, block_size: int = 16,
-                 token_budget: int = 512, max_gamma: int = 8, costs: tuple[StepCosts, StepCosts] | None = None) -> None:
+                 token_budget: int = 512, max_gamma: int = 8, costs: tuple[StepCosts, StepCosts] | None = None,
+                 parts: dict[str, Callable] | None = None) -> None:
+        """``parts``: your own versions of the exercises' functions, by name (reserve_slots, release_slots,
+        slot_mapping, commit_round, schedule_step, choose_gamma); the reference's are used for the rest."""
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
@@ -76,6 +85,12 @@ class ServingEngine:
         self.done: dict[int, Seq] = {}
         self.steps: list[StepRecord] = []
         self.costs = costs
+        unknown = set(parts or {}) - set(PARTS)
+        if unknown:
+            raise ValueError(f"unknown parts {sorted(unknown)}: the engine's parts are {sorted(PARTS)}")
+        self.parts = {**PARTS, **(parts or {})}
+        self.last_step: dict = {}  # the last step's batch, for inspection
+        self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted and proposed drafts, decayed by AUTO_DECAY per step
         self._next_id = 0
 
     # ---- requests -------------------------------------------------------------------------
@@ -130,15 +145,16 @@ class ServingEngine:
         """One scheduler step and one target forward; the tokens each request emitted."""
         start = time.perf_counter()
         self._set_lookahead()
-        scheduled, preempted = schedule_step(self.running, self.waiting, self.token_budget, len(self.free_blocks),
-                                             self.block_size)
+        scheduled, preempted = self.parts["schedule_step"](self.running, self.waiting, self.token_budget,
+                                                           len(self.free_blocks), self.block_size)
         self._preempt(preempted)
         admitted = [s for s in self.waiting if s.seq_id in scheduled]
         self.waiting = [s for s in self.waiting if s.seq_id not in scheduled]
         self.running += admitted
         rows = [s for s in self.running if s.seq_id in scheduled]
         for seq in rows:
-            if not reserve_slots(self.free_blocks, seq.block_table, seq.num_computed + scheduled[seq.seq_id], self.block_size):
+            if not self.parts["reserve_slots"](self.free_blocks, seq.block_table, seq.num_computed + scheduled[seq.seq_id],
+                                               self.block_size):
                 raise RuntimeError(f"the scheduler granted request {seq.seq_id} blocks that are not free")
         if not rows:
             if self.running or self.waiting:
@@ -157,13 +173,17 @@ class ServingEngine:
         return seq.num_tokens - seq.num_computed == 1
 
     def _set_lookahead(self) -> None:
+        self.auto_evidence = tuple(AUTO_DECAY * x for x in self.auto_evidence)
         decoding = [s for s in self.running if self._decoding(s)]
         auto = [s for s in decoding if s.gamma == "auto"]
         auto_gamma = 0
         if auto and self.max_gamma:
             costs = self.costs or self.measure_costs()
-            alpha = acceptance_estimate(sum(s.accepted for s in auto), sum(s.proposed for s in auto))
-            auto_gamma = choose_gamma(alpha, len(decoding), costs[0], costs[1], self.max_gamma)
+            accepted, proposed = self.auto_evidence
+            auto_gamma = self.parts["choose_gamma"](acceptance_estimate(accepted, proposed), len(decoding), costs[0],
+                                                    costs[1], self.max_gamma)
+            if proposed < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
+                auto_gamma = max(auto_gamma, 1)
         for seq in self.running:
             wanted = auto_gamma if seq.gamma == "auto" else int(seq.gamma)
             remaining = seq.stop.max_tokens - len(seq.output)  # never draft past max_tokens
@@ -172,7 +192,7 @@ class ServingEngine:
     def _preempt(self, ids: list[int]) -> None:
         for seq_id in ids:
             seq = next(s for s in self.running if s.seq_id == seq_id)
-            release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
+            self.parts["release_slots"](self.free_blocks, seq.block_table, 0, self.block_size)
             seq.num_computed = seq.draft_computed = seq.lookahead = 0
             seq.preemptions += 1
             self.running.remove(seq)
@@ -187,7 +207,8 @@ class ServingEngine:
             active = [s for s, g in zip(rows, gammas) if g > j]
             batch = RaggedBatch([feeds[s.seq_id] for s in active], [s.draft_computed for s in active],
                                 [s.block_table for s in active])
-            logits = paged_forward(self.draft, self.draft_kv, batch, [[len(feeds[s.seq_id]) - 1] for s in active])
+            logits = paged_forward(self.draft, self.draft_kv, batch, [[len(feeds[s.seq_id]) - 1] for s in active],
+                                   self.parts["slot_mapping"])
             for seq, row_logits in zip(active, logits):
                 seq.draft_computed += len(feeds[seq.seq_id])
                 q = seq.params.probs(row_logits[-1])
@@ -208,8 +229,9 @@ class ServingEngine:
                 n = scheduled[seq.seq_id]
                 feeds.append(seq.tokens[seq.num_computed : seq.num_computed + n])
                 logit_rows.append([n - 1] if seq.num_computed + n == seq.num_tokens else [])  # last chunk: sample
-        logits = paged_forward(self.target, self.kv, RaggedBatch(feeds, [s.num_computed for s in rows],
-                                                                 [s.block_table for s in rows]), logit_rows)
+        batch = RaggedBatch(feeds, [s.num_computed for s in rows], [s.block_table for s in rows])
+        self.last_step = {"seq_ids": [s.seq_id for s in rows], "batch": batch, "gammas": list(gammas)}
+        logits = paged_forward(self.target, self.kv, batch, logit_rows, self.parts["slot_mapping"])
         committing, committed, committing_gammas = [], [], []
         for seq, gamma, row_logits, feed in zip(rows, gammas, logits, feeds):
             if not len(row_logits):  # a prefill chunk that is not the prompt's last
@@ -222,24 +244,28 @@ class ServingEngine:
                 else:
                     tokens = verify_chain(seq.params.probs(row_logits), qs[seq.seq_id], proposal, seq.generator).tolist()
                 seq.proposed, seq.accepted = seq.proposed + gamma, seq.accepted + len(tokens) - 1
+                if seq.gamma == "auto":
+                    accepted, proposed = self.auto_evidence
+                    self.auto_evidence = (accepted + len(tokens) - 1, proposed + gamma)
             else:
                 tokens = [int(sample(seq.params.probs(row_logits[-1]), seq.generator))]
             committing.append(seq)
             committed.append(tokens)
             committing_gammas.append(gamma)
-        emitted_rows = commit_round(committing, committed, committing_gammas)
-        now, emitted = time.perf_counter(), {}
+        emitted_rows = self.parts["commit_round"](committing, committed, committing_gammas)
+        self.last_step["emitted"] = {}
+        now, emitted = time.perf_counter(), self.last_step["emitted"]
         for seq, tokens in zip(committing, emitted_rows):
             emitted[seq.seq_id] = tokens
             if seq.first_token_s is None:
                 seq.first_token_s = now
             if seq.finished:
                 seq.finish_s = now
-                release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
+                self.parts["release_slots"](self.free_blocks, seq.block_table, 0, self.block_size)
                 self.running.remove(seq)
                 self.done[seq.seq_id] = seq
             else:
-                release_slots(self.free_blocks, seq.block_table, seq.num_computed, self.block_size)
+                self.parts["release_slots"](self.free_blocks, seq.block_table, seq.num_computed, self.block_size)
         return emitted
 
     # ---- costs ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ that exists only for the matmul; the cache itself holds each token once, in its 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,38 +45,65 @@ class RaggedBatch:
         return [len(t) for t in self.tokens]
 
 
+SHORT = 16  # rows feeding at most this many tokens share one padded attention call; longer rows get their own
+
+
+@dataclass
+class _AttentionGroup:
+    """Rows whose attention runs as one padded (B, T, L) call: their flat token indices and key slots."""
+
+    tokens: torch.Tensor  # (n,) indices into the step's flat tokens
+    rows: torch.Tensor  # (n,) the token's row within the group
+    cols: torch.Tensor  # (n,) the token's index among its row's new tokens
+    ctx_slots: torch.Tensor  # (B, L) the slot of every context position of every row (0 beyond its length)
+    mask: torch.Tensor  # (B, T, L) True where a query may attend
+    shape: tuple[int, int, int]  # B, T, L
+
+
+def _groups(batch: RaggedBatch, block_size: int) -> list[_AttentionGroup]:
+    q_lens = batch.q_lens
+    offsets = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    short = [b for b, n in enumerate(q_lens) if n <= SHORT]
+    members = ([short] if short else []) + [[b] for b, n in enumerate(q_lens) if n > SHORT]
+    groups = []
+    for rows in members:
+        lens, starts = [q_lens[b] for b in rows], [batch.starts[b] for b in rows]
+        B, T, L = len(rows), max(lens), max(s + n for s, n in zip(starts, lens))
+        key_pos = torch.arange(L)
+        table = torch.zeros(B, blocks_for(L, block_size), dtype=torch.long)
+        for g, b in enumerate(rows):
+            t = batch.block_tables[b][: table.shape[1]]
+            table[g, : len(t)] = torch.tensor(t, dtype=torch.long)
+        ctx_slots = table[:, key_pos // block_size] * block_size + key_pos % block_size  # (B, L)
+        tokens = torch.cat([torch.arange(offsets[b], offsets[b] + q_lens[b]) for b in rows])
+        row_in_group = torch.repeat_interleave(torch.arange(B), torch.tensor(lens))
+        cols = torch.cat([torch.arange(n) for n in lens])
+        q_pos = torch.full((B, T), -1, dtype=torch.long)  # padded queries see nothing
+        q_pos[row_in_group, cols] = torch.tensor(starts)[row_in_group] + cols
+        ctx = torch.tensor([s + n for s, n in zip(starts, lens)])
+        mask = (key_pos.view(1, 1, L) <= q_pos.view(B, T, 1)) & (key_pos.view(1, 1, L) < ctx.view(B, 1, 1))
+        groups.append(_AttentionGroup(tokens, row_in_group, cols, ctx_slots, mask, (B, T, L)))
+    return groups
+
+
 @torch.inference_mode()
-def paged_forward(model: Llama, kv: PagedKV, batch: RaggedBatch, logit_rows: list[list[int]] | None = None) -> list[torch.Tensor]:
+def paged_forward(model: Llama, kv: PagedKV, batch: RaggedBatch, logit_rows: list[list[int]] | None = None,
+                  mapping: Callable = slot_mapping) -> list[torch.Tensor]:
     """Run the new tokens of every row through the model, writing their K and V into their slots.
 
     Returns one logits tensor per row, (len(logit_rows[b]), V), for the positions of the row's
     new tokens listed in ``logit_rows[b]`` (default: all of them); the LM head runs on those only.
+    ``mapping``: the slot mapping function (notebook 11's exercise; the reference by default).
     """
     c, bs = model.config, kv.block_size
-    q_lens, B = batch.q_lens, len(batch.tokens)
-    starts = torch.tensor(batch.starts)
+    q_lens = batch.q_lens
     if max(s + n for s, n in zip(batch.starts, q_lens)) > c.max_seq_len:
         raise ValueError(f"a row goes beyond max_seq_len {c.max_seq_len}")
-    slots = slot_mapping(batch.block_tables, batch.starts, q_lens, bs)  # (N,)
+    slots = torch.as_tensor(mapping(batch.block_tables, batch.starts, q_lens, bs), dtype=torch.long)  # (N,)
     positions = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, q_lens)])  # (N,)
-    row_of = torch.repeat_interleave(torch.arange(B), torch.tensor(q_lens))  # (N,)
-    ctx_lens = starts + torch.tensor(q_lens)  # (B,)
-    L, T = int(ctx_lens.max()), max(q_lens)
-    # The row's context gathered from its blocks, (B, L): slot of each cached position (0 beyond ctx_len).
-    key_pos = torch.arange(L)
-    table = torch.zeros(B, blocks_for(L, bs), dtype=torch.long)
-    for b, t in enumerate(batch.block_tables):
-        table[b, : len(t)] = torch.tensor(t[: table.shape[1]], dtype=torch.long)
-    ctx_slots = table[:, key_pos // bs] * bs + key_pos % bs  # (B, L)
-    # Padded query layout (B, T): where each flat token sits, and the mask over keys.
-    col = positions - starts[row_of]  # (N,): index among the row's new tokens
-    q_pos = torch.zeros(B, T, dtype=torch.long)
-    q_pos[row_of, col] = positions
-    mask = (key_pos.view(1, 1, L) <= q_pos.view(B, T, 1)) & (key_pos.view(1, 1, L) < ctx_lens.view(B, 1, 1))  # (B, T, L)
-
+    groups = _groups(batch, bs)
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # (N, hd)
     x = model.embed_tokens(torch.tensor([t for row in batch.tokens for t in row]))  # (N, d)
-    groups = c.n_heads // c.n_kv_heads
     for i, layer in enumerate(model.layers):
         attn, h = layer.self_attn, layer.input_layernorm(x)
         q = attn.q_proj(h).view(-1, c.n_heads, c.head_dim).transpose(0, 1)  # (H, N, hd)
@@ -83,16 +111,9 @@ def paged_forward(model: Llama, kv: PagedKV, batch: RaggedBatch, logit_rows: lis
         v = attn.v_proj(h).view(-1, c.n_kv_heads, c.head_dim)  # (N, KV, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin).transpose(0, 1)
         kv.k[i, slots], kv.v[i, slots] = k.to(kv.k.dtype), v.to(kv.v.dtype)  # write first: a row sees its own new keys
-        keys = kv.k[i, ctx_slots].to(x.dtype).permute(0, 2, 3, 1)  # (B, KV, hd, L)
-        values = kv.v[i, ctx_slots].to(x.dtype).transpose(1, 2)  # (B, KV, L, hd)
-        qp = q.new_zeros(c.n_heads, B, T, c.head_dim)
-        qp[:, row_of, col] = q
-        qp = qp.view(c.n_kv_heads, groups, B, T, c.head_dim).permute(2, 0, 1, 3, 4).reshape(B, c.n_kv_heads, groups * T, c.head_dim)
-        scores = (qp @ keys) / math.sqrt(c.head_dim)  # (B, KV, groups * T, L)
-        scores = scores.view(B, c.n_kv_heads, groups, T, L).masked_fill(~mask.view(B, 1, 1, T, L), float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(x.dtype)  # padded query rows: all masked
-        out = probs.view(B, c.n_kv_heads, groups * T, L) @ values  # (B, KV, groups * T, hd)
-        out = out.view(B, c.n_heads, T, c.head_dim)[row_of, :, col]  # (N, H, hd)
+        out = q.new_empty(q.shape[1], c.n_heads, c.head_dim)  # (N, H, hd)
+        for g in groups:
+            out[g.tokens] = _attend(q[:, g.tokens], kv.k[i], kv.v[i], g, c.n_kv_heads, x.dtype)
         x = x + attn.o_proj(out.reshape(-1, c.n_heads * c.head_dim))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     offsets = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
@@ -101,3 +122,20 @@ def paged_forward(model: Llama, kv: PagedKV, batch: RaggedBatch, logit_rows: lis
     logits = model.lm_head(model.norm(x[picked]))  # (sum of picked, V)
     return list(logits.split([len(js) for js in rows]))
 
+
+def _attend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, g: _AttentionGroup, n_kv_heads: int,
+            dtype: torch.dtype) -> torch.Tensor:
+    """One group's attention: q (H, n, hd) of its flat tokens -> (n, H, hd)."""
+    H, _, hd = q.shape
+    (B, T, L), groups = g.shape, H // n_kv_heads
+    keys = k_pool[g.ctx_slots].to(dtype).permute(0, 2, 3, 1)  # (B, KV, hd, L), gathered from the row's blocks
+    values = v_pool[g.ctx_slots].to(dtype).transpose(1, 2)  # (B, KV, L, hd)
+    qp = q.new_zeros(H, B, T, hd)
+    qp[:, g.rows, g.cols] = q
+    # Grouped-query attention as in model.py: the query heads sharing a KV head stacked along the query axis.
+    qp = qp.view(n_kv_heads, groups, B, T, hd).permute(2, 0, 1, 3, 4).reshape(B, n_kv_heads, groups * T, hd)
+    scores = (qp @ keys) / math.sqrt(hd)  # (B, KV, groups * T, L)
+    scores = scores.view(B, n_kv_heads, groups, T, L).masked_fill(~g.mask.view(B, 1, 1, T, L), float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(dtype)  # padded queries: all masked, zeros
+    out = probs.view(B, n_kv_heads, groups * T, L) @ values  # (B, KV, groups * T, hd)
+    return out.view(B, H, T, hd)[g.rows, :, g.cols]  # (n, H, hd)
