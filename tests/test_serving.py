@@ -121,7 +121,7 @@ def test_sampling_is_exact_in_a_shared_batch():
     params, prompts = SamplingParams(temperature=1.0), ([1, 2], [4, 0, 3])
     engine = ServingEngine(target, draft, num_blocks=400, block_size=4, token_budget=100, max_gamma=2)
     ids = [engine.add_request(prompts[i % 2], 6, params, gamma=2 if i % 3 else "auto", seed=i) for i in range(2000)]
-    engine.measure_costs(counts=(1, 64))
+    engine.measure_costs(rows=(1, 64), per_row=(1, 3))
     _run_checked(engine)
     for k, prompt in enumerate(prompts):
         exact = _joint_of_tokens_2_to_4(target, prompt, params)

@@ -29,7 +29,7 @@ from specdec.engine import GREEDY, SamplingParams
 from specdec.ledger import expected_tokens_per_round
 from specdec.model import Llama
 from specdec.paths import DATA_DIR
-from specdec.serving.adaptive import StepCosts
+from specdec.serving.adaptive import BatchCosts
 from specdec.serving.engine import ServingEngine
 
 MODES = {"off": 0, "on": 4, "auto": "auto"}  # gamma per request
@@ -50,7 +50,8 @@ def request_stream(n: int, max_tokens: int, seed: int = 0) -> list[Job]:
     code, math = corpus.code_prompts(n), corpus.math_prompts(n)
     jobs = []
     for i in range(n):
-        text = (code if i % 2 == 0 else math)[i // 2]
+        prompts = code if i % 2 == 0 else math
+        text = prompts[(i // 2) % len(prompts)]
         jobs.append(Job(tokenizer.encode(text), SETTINGS[rng.randrange(len(SETTINGS))], max_tokens, seed * 100_003 + i))
     return jobs
 
@@ -101,7 +102,7 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
           rate: float | None = None, seed: int = 0, progress=print) -> dict:
     """Every mode at every concurrency level; the measured step costs; the cost model's prediction."""
     probe = ServingEngine(target, draft)
-    costs = probe.measure_costs(counts=(1, 2, 4, 8, 16, 32, 64, 128, 192, 256))
+    costs = probe.measure_costs()
     rows = []
     for level in levels:
         jobs = request_stream(max(requests_per_level, 4 * level), max_tokens, seed)
@@ -120,16 +121,15 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
                        "rate": rate, "seed": seed, "threads": torch.get_num_threads()}}
 
 
-def predicted_speedups(alpha: float, costs: tuple[StepCosts, StepCosts], levels: list[int], gamma: int) -> list[dict]:
+def predicted_speedups(alpha: float, costs: tuple[BatchCosts, BatchCosts], levels: list[int], gamma: int) -> list[dict]:
     """Notebook 01's batch model with the measured forward costs: speculation's throughput over plain
     decoding at each batch size, for a fixed gamma and for the best gamma (0 when nothing beats plain)."""
     step, draft = costs
     out = []
     for batch in levels:
-        plain = batch / step(batch)
-        rate = lambda g: batch * expected_tokens_per_round(alpha, g) / (g * draft(batch) + step(batch * (g + 1)))  # noqa: E731
+        rate = lambda g: batch * expected_tokens_per_round(alpha, g) / (g * draft(batch, 1) + step(batch, g + 1))  # noqa: E731
         best = max(range(9), key=lambda g: (rate(g), -g))
-        out.append({"batch": batch, "fixed": rate(gamma) / plain, "best": rate(best) / plain, "best_gamma": best})
+        out.append({"batch": batch, "fixed": rate(gamma) / rate(0), "best": rate(best) / rate(0), "best_gamma": best})
     return out
 
 

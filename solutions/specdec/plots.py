@@ -129,3 +129,26 @@ def draw_blocks(B: int, V: int, block: int) -> Figure:
         ax.spines[side].set_visible(False)
     fig.tight_layout()
     return fig
+
+
+def draw_block_pool(engine, title: str = "", ax=None):
+    """The KV block pool of a serving engine (notebook 11): each block coloured by the request that holds it,
+    labelled with the request id and the block's index in its table; free blocks grey."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.55 * engine.num_blocks + 0.5, 1.3))
+    owner = {}
+    for seq in engine.running + engine.waiting:
+        for i, block in enumerate(seq.block_table):
+            owner[block] = (seq.seq_id, i)
+    colors = plt.get_cmap("tab10")
+    for block in range(engine.num_blocks):
+        seq_id, index = owner.get(block, (None, None))
+        face = "#e8e8e8" if seq_id is None else colors(seq_id % 10)
+        ax.add_patch(Rectangle((block, 0), 0.92, 0.92, facecolor=face, edgecolor="black", lw=0.5))
+        label = "free" if seq_id is None else f"#{seq_id}.{index}"
+        ax.text(block + 0.46, 0.46, label, ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.1, engine.num_blocks)
+    ax.set_ylim(-0.1, 1.0)
+    ax.axis("off")
+    ax.set_title(title or f"block pool: {len(engine.free_blocks)} of {engine.num_blocks} free", fontsize=9)
+    return ax

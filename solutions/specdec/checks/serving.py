@@ -10,7 +10,15 @@ from typing import Any
 
 import torch
 
-from specdec.checks.core import CheckFailure, compare_cases, diagnose, fmt, not_implemented, upstream_note
+from specdec.checks.core import (
+    CheckFailure,
+    compare_cases,
+    diagnose,
+    fmt,
+    not_implemented,
+    upstream_note,
+    where_lists_differ,
+)
 from specdec.engine import StopCriteria, accept_until_stop
 from specdec.ledger import expected_tokens_per_round
 from specdec.mistakes import Mistake, for_exercise
@@ -290,5 +298,28 @@ def expect_after(fn: Callable, args: dict[str, Any], returned: Any, after: dict[
         value = copies[key]
         if (sorted(value) if unordered else value) != (sorted(expected) if unordered else expected):
             wrong.append(f"{key} afterwards should be {fmt(expected)}{' in any order' if unordered else ''}, got {fmt(value)}")
+    if wrong:
+        raise CheckFailure(f"{label}: " + "; ".join(wrong) + ".")
+
+
+def expect_slots(fn: Callable, args: tuple, expected: list[int]) -> None:
+    """Visible test of slot_mapping: the slots, as a list, with where they first differ."""
+    label = f"slot_mapping({', '.join(fmt(a) for a in args)})"
+    try:
+        got = fn(*copy.deepcopy(args))
+    except NotImplementedError as err:
+        raise not_implemented(fn, label, err) from None
+    except Exception as err:
+        raise CheckFailure(f"{label} raised {type(err).__name__}: {err}") from None
+    if not isinstance(got, torch.Tensor) or got.is_floating_point() or got.dim() != 1:
+        raise CheckFailure(f"{label}: return a 1-D integer tensor, got {got!r}")
+    if got.tolist() != expected:
+        raise CheckFailure(f"{label}: expected {expected}, got {got.tolist()}.{where_lists_differ(expected, got.tolist())}")
+
+
+def expect_fields(label: str, seqs: list[Seq], **fields: list) -> None:
+    """Visible test: each named field of the rows, as a list over rows, equals what is given."""
+    wrong = [f"{name} should be {want}, got {[getattr(s, name) for s in seqs]}" for name, want in fields.items()
+             if [getattr(s, name) for s in seqs] != want]
     if wrong:
         raise CheckFailure(f"{label}: " + "; ".join(wrong) + ".")

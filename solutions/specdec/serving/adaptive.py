@@ -78,3 +78,45 @@ class StepCosts:
 def acceptance_estimate(accepted: int, proposed: int, prior: float = 0.5, weight: int = 8) -> float:
     """Measured acceptance, pulled toward ``prior`` while few drafts were seen (``weight`` pseudo-drafts)."""
     return (accepted + prior * weight) / (proposed + weight)
+
+
+class BatchCosts:
+    """Forward times on a grid of (rows, tokens per row), interpolated: a verify forward of B rows with
+    gamma drafts each is ``costs(B, gamma + 1)``. Rows of one token each (decoding) and a few rows of many
+    tokens cost differently for the same total (every row gathers its own context), so one token count is
+    not enough to predict a batched verify."""
+
+    def __init__(self, rows: list[int], per_row: list[int], seconds: list[list[float]]) -> None:
+        if len(rows) < 2 or len(per_row) < 2 or rows != sorted(rows) or per_row != sorted(per_row):
+            raise ValueError("need at least two increasing row counts and two increasing tokens-per-row counts")
+        if len(seconds) != len(rows) or any(len(line) != len(per_row) for line in seconds):
+            raise ValueError("seconds must have one line per row count, one value per tokens-per-row count")
+        self.rows, self.per_row, self.seconds = rows, per_row, seconds
+        self._lines = [StepCosts(per_row, line) for line in seconds]  # per row count: time against tokens per row
+
+    def __call__(self, rows: int, per_row: float) -> float:
+        times = StepCosts(self.rows, [line(per_row) for line in self._lines])
+        return times(rows)
+
+    def at_batch(self, rows: int) -> StepCosts:
+        """Time against total tokens for a batch of ``rows`` rows: the step_time that choose_gamma takes."""
+        return StepCosts([rows * k for k in self.per_row], [self(rows, k) for k in self.per_row])
+
+    @classmethod
+    def measure(cls, forward: Callable[[int, int], object], rows: list[int], per_row: list[int],
+                repeats: int = 5) -> BatchCosts:
+        """Time ``forward(rows, tokens_per_row)`` on the grid (median of ``repeats`` after a warm-up)."""
+        seconds = []
+        for r in rows:
+            line = StepCosts.measure(lambda k, r=r: forward(r, k), per_row, repeats)
+            seconds.append(line.seconds)
+        return cls(rows, per_row, seconds)
+
+    @classmethod
+    def from_token_costs(cls, costs: StepCosts) -> BatchCosts:
+        """Costs that depend on the total number of tokens only (for tests and what-ifs)."""
+        rows = [1, max(costs.counts[-1], 2)]
+        return cls(rows, [1, 2], [[costs(r), costs(2 * r)] for r in rows])
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "per_row": self.per_row, "seconds": self.seconds}

@@ -31,7 +31,7 @@ from specdec.engine import GREEDY, SamplingParams, StopCriteria
 from specdec.greedy import greedy_verify
 from specdec.model import Llama
 from specdec.sampling import sample
-from specdec.serving.adaptive import StepCosts, acceptance_estimate, choose_gamma
+from specdec.serving.adaptive import BatchCosts, StepCosts, acceptance_estimate, choose_gamma
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
@@ -43,6 +43,7 @@ from specdec.validate import check_positive_int
 PARTS: dict[str, Callable] = {"reserve_slots": reserve_slots, "release_slots": release_slots, "slot_mapping": slot_mapping,
                                "commit_round": commit_round, "schedule_step": schedule_step, "choose_gamma": choose_gamma}
 AUTO_DECAY = 0.99  # old acceptance evidence fades: about 100 steps
+OVERHEAD_DECAY = 0.9  # moving average of the per-forward overheads over about 10 steps
 AUTO_PROBE_BELOW = 8.0  # with fewer recent drafts than this, "auto" drafts at least one token (explores)
 
 
@@ -63,7 +64,8 @@ class ServingEngine:
     """Continuous batching with paged KV and per-request speculation. Not thread-safe."""
 
     def __init__(self, target: Llama, draft: Llama | None = None, *, num_blocks: int = 512, block_size: int = 16,
-                 token_budget: int = 512, max_gamma: int = 8, costs: tuple[StepCosts, StepCosts] | None = None,
+                 token_budget: int = 512, max_gamma: int = 8,
+                 costs: tuple[BatchCosts | StepCosts, BatchCosts | StepCosts] | None = None,
                  parts: dict[str, Callable] | None = None) -> None:
         """``parts``: your own versions of the exercises' functions, by name (reserve_slots, release_slots,
         slot_mapping, commit_round, schedule_step, choose_gamma); the reference's are used for the rest."""
@@ -84,12 +86,14 @@ class ServingEngine:
         self.running: list[Seq] = []
         self.done: dict[int, Seq] = {}
         self.steps: list[StepRecord] = []
-        self.costs = costs
+        self.costs = tuple(c if isinstance(c, BatchCosts) else BatchCosts.from_token_costs(c) for c in costs) if costs else None
         unknown = set(parts or {}) - set(PARTS)
         if unknown:
             raise ValueError(f"unknown parts {sorted(unknown)}: the engine's parts are {sorted(PARTS)}")
         self.parts = {**PARTS, **(parts or {})}
         self.last_step: dict = {}  # the last step's batch, for inspection
+        self._caught_up = False
+        self.target_overhead_s = self.draft_overhead_s = 0.0  # seconds per step / per draft forward, see _learn_overheads
         self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted and proposed drafts, decayed by AUTO_DECAY per step
         self._next_id = 0
 
@@ -162,12 +166,31 @@ class ServingEngine:
             return {}
         gammas = [scheduled[s.seq_id] - 1 if self._decoding(s) and s.lookahead else 0 for s in rows]
         decoding = sum(self._decoding(s) for s in rows)
+        drafting = time.perf_counter()
         drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
+        drafted = time.perf_counter()
         emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
+        if decoding == len(rows):  # the costs were measured on decode rows: learn from decode-only steps
+            self._learn_overheads(drafted - drafting, max(gammas), sum(g > 0 for g in gammas),
+                                  time.perf_counter() - start - (drafted - drafting), len(rows), sum(scheduled.values()))
         self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
                                      decoding, sum(g > 0 for g in gammas),
                                      max(gammas), len(self.free_blocks)))
         return emitted
+
+    def _learn_overheads(self, draft_s: float, draft_forwards: int, draft_rows: int, other_s: float, rows: int,
+                         tokens: int) -> None:
+        """Time beyond the measured forward costs (Python, sampling, verification, bookkeeping) per target step
+        and per draft forward, as moving averages over recent decode-only steps (so at about the current batch
+        size): "auto" adds them to the forward costs, since a step saved by speculation saves them too."""
+        if self.costs is None:
+            return
+        rate = 1 - OVERHEAD_DECAY
+        extra = max(other_s - self.costs[0](rows, tokens / rows), 0.0)
+        self.target_overhead_s += rate * (extra - self.target_overhead_s)
+        if draft_forwards and not self._caught_up:  # a catch-up forward is not the cost of drafting
+            extra = max(draft_s / draft_forwards - self.costs[1](draft_rows, 1), 0.0)
+            self.draft_overhead_s += rate * (extra - self.draft_overhead_s)
 
     def _decoding(self, seq: Seq) -> bool:
         return seq.num_tokens - seq.num_computed == 1
@@ -180,8 +203,11 @@ class ServingEngine:
         if auto and self.max_gamma:
             costs = self.costs or self.measure_costs()
             accepted, proposed = self.auto_evidence
-            auto_gamma = self.parts["choose_gamma"](acceptance_estimate(accepted, proposed), len(decoding), costs[0],
-                                                    costs[1], self.max_gamma)
+            target_s, draft_s, B = self.target_overhead_s, self.draft_overhead_s, len(decoding)
+            verify = costs[0].at_batch(B)  # B rows of 1 + gamma tokens each
+            auto_gamma = self.parts["choose_gamma"](acceptance_estimate(accepted, proposed), B,
+                                                    lambda n: verify(n) + target_s, lambda n: costs[1](n, 1) + draft_s,
+                                                    self.max_gamma)
             if proposed < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
                 auto_gamma = max(auto_gamma, 1)
         for seq in self.running:
@@ -203,16 +229,15 @@ class ServingEngine:
         drafts: dict[int, list[int]] = {s.seq_id: [] for s in rows}
         q_rows: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in rows}
         feeds = {s.seq_id: s.tokens[s.draft_computed:] for s in rows}
+        self._caught_up = max((len(f) for f in feeds.values()), default=0) > 2  # a draft that fell behind while off
         for j in range(max(gammas, default=0)):
             active = [s for s, g in zip(rows, gammas) if g > j]
             batch = RaggedBatch([feeds[s.seq_id] for s in active], [s.draft_computed for s in active],
                                 [s.block_table for s in active])
             logits = paged_forward(self.draft, self.draft_kv, batch, [[len(feeds[s.seq_id]) - 1] for s in active],
                                    self.parts["slot_mapping"])
-            for seq, row_logits in zip(active, logits):
+            for seq, q, token in zip(active, *_sample_rows(active, torch.cat(logits))):
                 seq.draft_computed += len(feeds[seq.seq_id])
-                q = seq.params.probs(row_logits[-1])
-                token = int(sample(q, seq.generator))
                 drafts[seq.seq_id].append(token)
                 q_rows[seq.seq_id].append(q)
                 feeds[seq.seq_id] = [token]
@@ -269,15 +294,28 @@ class ServingEngine:
         return emitted
 
     # ---- costs ------------------------------------------------------------------------------
-    def measure_costs(self, counts: Sequence[int] = (1, 8, 32, 64, 128, 256, 512), context: int = 128) -> tuple[StepCosts, StepCosts]:
-        """Time target and draft forwards against the tokens they carry (rows of one token over
-        ``context`` cached positions, the decode shape), and keep them for "auto" gamma."""
+    def measure_costs(self, rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), per_row: Sequence[int] = (1, 2, 3, 5, 9),
+                      context: int = 128) -> tuple[BatchCosts, BatchCosts]:
+        """Time target and draft forwards of ``rows`` decoding rows with ``per_row`` tokens each (the last token
+        and its drafts) over ``context`` cached positions, and keep them for "auto" gamma."""
         if self.draft is None:
             raise ValueError("measuring speculation's costs needs a draft model")
-        context = min(context, self.target.config.max_seq_len - 1, self.draft.config.max_seq_len - 1)
-        self.costs = tuple(StepCosts.measure(lambda n, m=m: _decode_forward(m, n, context, self.block_size), list(counts))
-                           for m in (self.target, self.draft))
+        context = min(context, self.target.config.max_seq_len - max(per_row), self.draft.config.max_seq_len - max(per_row))
+        self.costs = tuple(BatchCosts.measure(lambda r, k, m=m: _decode_forward(m, r, k, context, self.block_size),
+                                              list(rows), list(per_row)) for m in (self.target, self.draft))
         return self.costs
+
+
+def _sample_rows(seqs: list[Seq], logits: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+    """Each row's distribution (its own sampling settings) and a token drawn from it with its own generator.
+    Rows that share settings get their distributions in one call; greedy rows need no random draw."""
+    probs: list[torch.Tensor | None] = [None] * len(seqs)
+    for params in {s.params for s in seqs}:
+        members = [b for b, s in enumerate(seqs) if s.params == params]
+        for b, p in zip(members, params.probs(logits[members])):
+            probs[b] = p
+    tokens = [int(p.argmax()) if s.params.temperature == 0 else int(sample(p, s.generator)) for s, p in zip(seqs, probs)]
+    return probs, tokens
 
 
 def _stop_sequences(stop: str | Sequence[str]) -> tuple[tuple[int, ...], ...]:
@@ -291,12 +329,12 @@ def _stop_sequences(stop: str | Sequence[str]) -> tuple[tuple[int, ...], ...]:
 
 
 @torch.inference_mode()
-def _decode_forward(model: Llama, rows: int, context: int, block_size: int) -> None:
-    """One forward of ``rows`` decode rows of one token each over ``context`` cached positions."""
-    per_row = blocks_for(context + 1, block_size)
-    kv = _scratch_kv(model, rows * per_row, block_size)
-    tables = [list(range(b * per_row, (b + 1) * per_row)) for b in range(rows)]
-    paged_forward(model, kv, RaggedBatch([[1]] * rows, [context] * rows, tables))
+def _decode_forward(model: Llama, rows: int, per_row: int, context: int, block_size: int) -> None:
+    """One forward of ``rows`` rows of ``per_row`` new tokens each over ``context`` cached positions."""
+    blocks = blocks_for(context + per_row, block_size)
+    kv = _scratch_kv(model, rows * blocks, block_size)
+    tables = [list(range(b * blocks, (b + 1) * blocks)) for b in range(rows)]
+    paged_forward(model, kv, RaggedBatch([[1] * per_row] * rows, [context] * rows, tables))
 
 
 _SCRATCH: dict[tuple[int, int, int], PagedKV] = {}
