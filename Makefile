@@ -13,7 +13,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-serve bench-serve-notebook bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
@@ -25,6 +25,8 @@ help:
 	@echo "make models   train the target, the draft and the undistilled control draft into data/models/ (about 50 min on 2 cores)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
+	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-64 requests (artifacts/serve/)"
+	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json (about 5 min)"
 	@echo "make bench-cohort  time cohort grading of 100 mixed submissions of notebook 02 (2 workers)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
 	@echo "make bench-cells  time every graded test cell of the instructor notebooks (one thread; budget 10 s each)"
@@ -73,6 +75,12 @@ bench: $(STAMP)
 
 bench-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench --notebook-reference data/bench/nb09_full.json
+
+bench-serve: $(STAMP)
+	$(BIN)/python -m specdec.bench_serve
+
+bench-serve-notebook: $(STAMP)
+	$(BIN)/python -m specdec.bench_serve --notebook-reference data/bench/nb11_serve.json
 
 bench-cohort: $(STAMP)
 	$(BIN)/python -m specdec.bench_cohort --copies 100 --workers 2

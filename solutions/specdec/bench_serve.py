@@ -107,7 +107,7 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
     for level in levels:
         jobs = request_stream(max(requests_per_level, 4 * level), max_tokens, seed)
         for mode, gamma in MODES.items():
-            engine = ServingEngine(target, draft, num_blocks=1024, block_size=16, token_budget=512, max_gamma=8,
+            engine = ServingEngine(target, draft, num_blocks=4096, block_size=16, token_budget=1024, max_gamma=8,
                                    costs=costs)
             result = serve(engine, jobs, gamma, level, rate, seed)
             rows.append({"concurrency": level, "mode": mode, **result})
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least 4x the concurrency)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: closed loop)")
