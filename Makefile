@@ -13,7 +13,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-serve bench-serve-notebook bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
@@ -23,10 +23,13 @@ help:
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the draft and the undistilled control draft into data/models/ (about 50 min on 2 cores)"
+	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter on the shipped target (about 15 min on 2 cores)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
 	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-64 requests (artifacts/serve/)"
 	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json (about 5 min)"
+	@echo "make bench-drafters  every proposer side by side on the target, code and math (notebook 12; artifacts/drafters/)"
+	@echo "make bench-drafters-notebook  re-measure notebook 12's copy into data/bench/nb12_drafters.json (about 3 min)"
 	@echo "make bench-cohort  time cohort grading of 100 mixed submissions of notebook 02 (2 workers)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
 	@echo "make bench-cells  time every graded test cell of the instructor notebooks (one thread; budget 10 s each)"
@@ -69,6 +72,16 @@ grade-cohort: $(STAMP)
 
 models: $(STAMP)
 	$(BIN)/python -m specdec.train
+	$(BIN)/python -m specdec.train --heads
+
+heads: $(STAMP)
+	$(BIN)/python -m specdec.train --heads
+
+bench-drafters: $(STAMP)
+	$(BIN)/python -m specdec.bench_drafters
+
+bench-drafters-notebook: $(STAMP)
+	$(BIN)/python -m specdec.bench_drafters --notebook-reference data/bench/nb12_drafters.json
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec.bench --hf

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, tree
+from specdec.drafters import dynamic_tree, eagle, medusa, memory
 from specdec.serving import adaptive, blocks, commit, scheduler
 from specdec.checks import CheckFailure, expect_close, expect_equal
 from specdec.checks import analysis as analysis_checks
@@ -16,6 +17,7 @@ from specdec.checks import ledger as ledger_checks
 from specdec.checks import lookup as lookup_checks
 from specdec.checks import pitfalls as pitfall_checks
 from specdec.checks import rejection as rejection_checks
+from specdec.checks import drafters as drafter_checks
 from specdec.checks import serving as serving_checks
 from specdec.checks import tree as tree_checks
 from specdec.mistakes import catalogue, for_exercise
@@ -83,6 +85,12 @@ RUN_CHECK = {
     "commit_round": (commit.commit_round, serving_checks.check_commit_round),
     "schedule_step": (scheduler.schedule_step, serving_checks.check_schedule_step),
     "choose_gamma": (adaptive.choose_gamma, serving_checks.check_choose_gamma),
+    "medusa_head_logits": (medusa.medusa_head_logits, drafter_checks.check_medusa_head_logits),
+    "medusa_candidates": (medusa.medusa_candidates, drafter_checks.check_medusa_candidates),
+    "eagle_inputs": (eagle.eagle_inputs, drafter_checks.check_eagle_inputs),
+    "eagle_draft_step": (eagle.eagle_draft_step, drafter_checks.check_eagle_draft_step),
+    "expand_dynamic_tree": (dynamic_tree.expand_dynamic_tree, drafter_checks.check_expand_dynamic_tree),
+    "drafter_cost": (memory.drafter_cost, drafter_checks.check_drafter_cost),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {

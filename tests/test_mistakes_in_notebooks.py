@@ -14,7 +14,20 @@ import io
 import pytest
 from conftest import nbgrader_meta, read, source_path
 
-from specdec.mistakes import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, serving, tree
+from specdec.mistakes import (
+    analysis,
+    chain,
+    drafters,
+    engine,
+    greedy,
+    kernels,
+    ledger,
+    lookup,
+    pitfalls,
+    rejection,
+    serving,
+    tree,
+)
 
 CATALOGUES = {
     "01_cost_ledger": ledger.MISTAKES,
@@ -28,6 +41,7 @@ CATALOGUES = {
     "09_benchmark": analysis.MISTAKES,
     "10_pitfalls_interview": pitfalls.MISTAKES,
     "11_serving": serving.MISTAKES,
+    "12_self_drafting": drafters.MISTAKES,
 }
 
 

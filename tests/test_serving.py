@@ -131,7 +131,8 @@ def test_sampling_is_exact_in_a_shared_batch():
 
 
 def test_a_request_output_does_not_depend_on_its_batch():
-    """A seeded sampled request gives the same tokens alone and among others."""
+    """A seeded sampled request with a fixed gamma, with room for everyone (no budget trimming, no preemption),
+    gives the same tokens alone and among others."""
     target, draft = tiny_pair(vocab=32, noise=0.3, seed=1)
     params = SamplingParams(temperature=0.8, top_k=10)
     alone = ServingEngine(target, draft, num_blocks=64, block_size=4)
@@ -155,6 +156,7 @@ def test_a_request_output_does_not_depend_on_its_batch():
     (dict(prompt=[1, 40], max_tokens=5), ValueError, "in [0, 32)"),
     (dict(prompt=[1, 2], max_tokens=5, gamma=-1), ValueError, "gamma must be >= 0"),
     (dict(prompt=[1, 2], max_tokens=5, gamma="fast"), TypeError, "gamma must be an integer"),
+    (dict(prompt=[1, 2], max_tokens=5, gamma=9), ValueError, "exceeds this engine's max_gamma=8"),
     (dict(prompt=[1, 2], max_tokens=5, params=SamplingParams(temperature=-1.0)), ValueError, "temperature"),
     (dict(prompt=[1] * 40, max_tokens=50), ValueError, "needs up to 23 blocks of 4 slots; the engine has 20"),
 ])
@@ -205,7 +207,7 @@ def test_auto_gamma_turns_speculation_off_when_verification_is_costly():
         for i in range(6):
             engine.add_request([i + 1, 2], 30, gamma="auto")
         done = engine.run()
-        assert (max(s.gamma for s in engine.steps) >= 3) == deep
+        assert (max(s.max_gamma for s in engine.steps) >= 3) == deep
         if not deep:
             assert sum(s.speculating_rows > 0 for s in engine.steps) < len(engine.steps) / 2
         assert all(s.output == target_only_generate(target, s.prompt, 30) for s in done.values())

@@ -88,7 +88,7 @@ def serve(engine: ServingEngine, jobs: list[Job], gamma: int | str, concurrency:
             "ttft_mean_s": statistics.fmean(ttft), "ttft_p90_s": _quantile(ttft, 0.9),
             "tpot_mean_s": statistics.fmean(tpot), "tpot_p90_s": _quantile(tpot, 0.9),
             "acceptance": sum(s.accepted for s in seqs) / proposed if proposed else None,
-            "mean_gamma": statistics.fmean(s.gamma for s in steps if s.decoding_rows) if steps else 0.0,
+            "mean_gamma": sum(s.drafts for s in steps) / max(sum(s.decoding_rows for s in steps), 1),
             "speculating_steps": sum(s.speculating_rows > 0 for s in steps) / max(len(steps), 1),
             "preemptions": sum(s.preemptions for s in seqs), "requests": len(seqs)}
 

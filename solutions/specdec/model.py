@@ -181,9 +181,11 @@ class Llama(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None = None, return_hidden: bool = False):
         """tokens (B, T); position_ids (T,) default cache.length + arange(T); mask (T, L) bool,
-        True where a new position may attend (L = cached + T), default causal."""
+        True where a new position may attend (L = cached + T), default causal. With ``return_hidden``:
+        (logits, features), the features (B, T, d) being the last layer's output before the final norm
+        (what EAGLE drafts from, notebook 12)."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         last = start + T - 1 if position_ids is None else int(position_ids.max())
@@ -198,7 +200,8 @@ class Llama(nn.Module):
             x = layer(x, cos, sin, i, cache, mask)
         if cache is not None:
             cache.advance(T)
-        return self.lm_head(self.norm(x))
+        logits = self.lm_head(self.norm(x))
+        return (logits, x) if return_hidden else logits
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

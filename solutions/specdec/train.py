@@ -142,10 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", type=Path, default=DATA_DIR / "models")
+    parser.add_argument("--heads", action="store_true",
+                        help="instead: train notebook 12's Medusa heads and EAGLE drafter on the target in --out")
     parser.add_argument("--only", choices=list(MODELS),
                         help="train just one (the draft is distilled from the target already in --out; "
                              "draft_undistilled is the same draft trained on the bytes alone, for comparison)")
     args = parser.parse_args(argv)
+    if args.heads:
+        from specdec.drafters.train import main as train_heads
+
+        return train_heads(args.out)
     data = training_data()
     print({task: len(ids) for task, ids in data.items()}, "training tokens", f"{torch.get_num_threads()} threads")
     log_path = args.out / "train_log.json"
@@ -237,7 +243,9 @@ target's own entropy), its held-out losses are ordinary next-byte cross-entropy.
 this folder; `--only draft_undistilled` trains the control. With the same seed, Python version (the standard library is the code data), torch
 version and thread count, the weights come out the same.
 """
-    (folder / "README.md").write_text(card)
+    from specdec.drafters.train import heads_card
+
+    (folder / "README.md").write_text(card + heads_card(folder))
 
 
 def plot_losses(log: dict, path: Path) -> None:

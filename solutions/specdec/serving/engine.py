@@ -13,8 +13,10 @@ Each :meth:`ServingEngine.step`:
 5. commits each row's own count, ending rows at stops inside the drafts (:func:`commit_round`),
    and gives back every block the row no longer needs (:func:`release_slots`).
 
-Each request samples from its own seeded generator, so its output does not depend on
-which other requests shared its batches.
+Each request samples from its own seeded generator, so its output *distribution* does not depend
+on which other requests shared its batches (the draws themselves can: the batch decides how many
+drafts a row makes under the token budget or with gamma="auto"). The first step with a "auto" row
+measures the forward costs if none were given (a few seconds).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class StepRecord:
     rows: int
     decoding_rows: int
     speculating_rows: int
-    gamma: int  # the largest lookahead granted
+    max_gamma: int  # the largest number of drafts a row verified
+    drafts: int  # drafts verified in the step, all rows together
     free_blocks: int
 
 
@@ -119,6 +122,8 @@ class ServingEngine:
             raise TypeError(f"stop_token_ids must be a sequence of token ids in [0, {V}), got {stop_token_ids!r}")
         if gamma != "auto":
             check_positive_int(gamma, "gamma", minimum=0)
+            if gamma > self.max_gamma:
+                raise ValueError(f"gamma={gamma} exceeds this engine's max_gamma={self.max_gamma}")
         if gamma != 0 and self.draft is None:
             raise ValueError(f"gamma={gamma!r} needs a draft model: this engine has none")
         if len(tokens) + max_tokens > context:
@@ -175,7 +180,7 @@ class ServingEngine:
                                   time.perf_counter() - start - (drafted - drafting), len(rows), sum(scheduled.values()))
         self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
                                      decoding, sum(g > 0 for g in gammas),
-                                     max(gammas), len(self.free_blocks)))
+                                     max(gammas), sum(gammas), len(self.free_blocks)))
         return emitted
 
     def _learn_overheads(self, draft_s: float, draft_forwards: int, draft_rows: int, other_s: float, rows: int,

@@ -1,0 +1,120 @@
+"""Notebook 12's measurement: every proposer on the same target, code against math (not a test).
+
+For each task and proposer, greedy, batch 1, on the shipped models: tau (tokens committed per target
+forward), the acceptance at each draft position (P(at least i drafts accepted in a round)), the
+drafter's cost per round relative to the target's verify forward (c), and the wall-clock speedup
+over target-only decoding. Every row's output is checked equal to target-only greedy decoding.
+
+    python -m specdec.bench_drafters                                   # artifacts/drafters/drafters.json
+    python -m specdec.bench_drafters --notebook-reference data/bench/nb12_drafters.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import corpus, tokenizer
+from specdec.drafters.generate import MEDUSA_CHOICES, DraftRun, eagle2_generate, eagle_generate, medusa_generate
+from specdec.drafters.train import load_eagle, load_medusa
+from specdec.engine import SpeculativeEngine
+from specdec.paths import DATA_DIR
+from specdec.train import load_pair
+from specdec.tree import DEFAULT_CHOICES
+
+PROPOSERS = ("draft chain", "draft tree", "prompt lookup", "Medusa", "EAGLE chain", "EAGLE-2 tree")
+GAMMA = 4
+
+
+def _from_generation(gen) -> DraftRun:
+    run = DraftRun(gen.tokens, [r.committed for r in gen.rounds], sum(r.target_s for r in gen.rounds),
+                   sum(r.draft_s for r in gen.rounds), gen.wall_s)
+    return run
+
+
+def run_one(name: str, models: dict, prompt: list[int], n_tokens: int) -> DraftRun:
+    target, engine = models["target"], models["engine"]
+    if name == "draft chain":
+        return _from_generation(engine.generate(prompt, n_tokens, GAMMA))
+    if name == "draft tree":
+        return _from_generation(engine.generate_tree(prompt, n_tokens, DEFAULT_CHOICES))
+    if name == "prompt lookup":
+        return _from_generation(engine.generate_lookup(prompt, n_tokens, GAMMA))
+    if name == "Medusa":
+        return medusa_generate(target, models["medusa"], prompt, n_tokens, MEDUSA_CHOICES)
+    if name == "EAGLE chain":
+        return eagle_generate(target, models["eagle"], prompt, n_tokens, GAMMA)
+    if name == "EAGLE-2 tree":
+        return eagle2_generate(target, models["eagle"], prompt, n_tokens)
+    raise ValueError(f"unknown proposer {name!r}")
+
+
+def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir: Path = DATA_DIR / "models",
+            progress=print) -> dict:
+    target, draft = load_pair(models_dir)
+    models = {"target": target, "engine": SpeculativeEngine(target, draft), "medusa": load_medusa(models_dir / "medusa.safetensors"),
+              "eagle": load_eagle(models_dir / "eagle.safetensors")}
+    rows = []
+    for task, texts in (("code", corpus.code_prompts(n_prompts)), ("math", corpus.math_prompts(n_prompts))):
+        prompts = [tokenizer.encode(t) for t in texts]
+        base_wall, base_tokens = [], []
+        for prompt in prompts:
+            runs = [models["engine"].generate_target_only(prompt, n_tokens) for _ in range(repeats)]
+            base_wall.append(statistics.median(r.wall_s for r in runs))
+            base_tokens.append(runs[0].tokens)
+        for name in PROPOSERS:
+            committed, walls, target_s, draft_s, identical = [], [], 0.0, 0.0, True
+            for prompt, reference in zip(prompts, base_tokens):
+                runs = [run_one(name, models, prompt, n_tokens) for _ in range(repeats)]
+                walls.append(statistics.median(r.wall_s for r in runs))
+                committed += runs[0].committed
+                target_s, draft_s = target_s + runs[0].target_s, draft_s + runs[0].draft_s
+                identical &= all(r.tokens == reference for r in runs)
+            depth = max(committed) - 1
+            acceptance = [sum(c - 1 >= i for c in committed) / len(committed) for i in range(1, max(depth, 1) + 1)]
+            row = {"task": task, "proposer": name, "tau": sum(committed) / len(committed), "rounds": len(committed),
+                   "acceptance_by_position": [round(a, 3) for a in acceptance],
+                   "c": draft_s / target_s if target_s else 0.0,
+                   "speedup": sum(base_wall) / sum(walls), "identical": identical}
+            rows.append(row)
+            progress(f"  {task:4s} {name:14s} tau {row['tau']:.2f}  c {row['c']:.3f}  speedup {row['speedup']:.2f}x  "
+                     f"identical {identical}")
+    return {"rows": rows, "config": {"prompts": n_prompts, "tokens": n_tokens, "repeats": repeats, "gamma": GAMMA,
+                                     "threads": torch.get_num_threads()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per task")
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("artifacts") / "drafters")
+    parser.add_argument("--notebook-reference", type=Path, metavar="JSON", help="write here instead (notebook 12's copy)")
+    args = parser.parse_args(argv)
+    if min(args.prompts, args.tokens, args.repeats, args.threads) < 1:
+        parser.error("--prompts, --tokens, --repeats and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    try:
+        report = measure(args.prompts, args.tokens, args.repeats)
+    except FileNotFoundError as error:
+        print(f"bench_drafters: {error}", file=sys.stderr)
+        return 2
+    report["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {args.threads} CPU thread(s)"
+    report["seconds"] = round(time.perf_counter() - start)
+    path = args.notebook_reference or args.out / "drafters.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path} in {report['seconds']} s")
+    return 0 if all(r["identical"] for r in report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""Self-distillation of the self-drafters on the frozen, shipped target (notebook 12).
+
+Data: the target's own text. Windows of the training corpus (code and math) are continued by the
+target, sampling at temperature 1, so the heads learn what *this* target says (Medusa's recipe when
+the training data does not match the model). The target's logits and features on that text are the
+labels:
+
+- **Medusa-1**: head k at position t learns the target's distribution of the token at t + k + 2
+  (soft cross-entropy with softmax(logits at t + k + 1)), weighted 0.8^k; the target stays frozen.
+- **EAGLE**: at position t the drafter reads (f_t, embedding of x_{t+1}) and predicts f_{t+1}; loss =
+  smooth L1 to the true feature + 0.1 x soft cross-entropy of the target's LM head on the prediction
+  against the target's distribution at t + 1 (the EAGLE paper's two terms and weights).
+
+    python -m specdec.train --heads          # or: make heads
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from specdec import corpus, tokenizer
+from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.medusa import MedusaHeads
+from specdec.model import KVCache, Llama, LlamaConfig
+from specdec.paths import DATA_DIR
+
+MEDUSA_DECAY = 0.8  # weight of head k: 0.8^k (Medusa-1)
+EAGLE_CLS_WEIGHT = 0.1  # EAGLE: L = L_reg + 0.1 L_cls
+
+
+@torch.inference_mode()
+def self_distillation_text(target: Llama, n_sequences: int, prompt_len: int, new_tokens: int, seed: int = 0,
+                           batch_size: int = 64) -> torch.Tensor:
+    """(n_sequences, prompt_len + new_tokens) token ids: corpus windows continued by the target (temperature 1)."""
+    rng = random.Random(seed)
+    texts = {"code": tokenizer.encode(corpus.code_text(400_000)), "math": tokenizer.encode(corpus.math_text(4_000, seed=0))}
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for first in range(0, n_sequences, batch_size):
+        B = min(batch_size, n_sequences - first)
+        windows = []
+        for i in range(B):
+            text = texts["code" if (first + i) % 2 == 0 else "math"]
+            start = rng.randrange(len(text) - prompt_len)
+            windows.append(text[start : start + prompt_len])
+        tokens = torch.tensor(windows)
+        cache = KVCache(target.config, batch_size=B)
+        logits = target(tokens[:, :-1], cache)
+        last = tokens[:, -1:]
+        out = [tokens]
+        for _ in range(new_tokens):
+            logits = target(last, cache)[:, -1]
+            last = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator)
+            out.append(last)
+        rows.append(torch.cat(out, dim=1))
+    return torch.cat(rows)
+
+
+@torch.inference_mode()
+def target_labels(target: Llama, text: torch.Tensor, batch_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's logits (N, T, V) and features (N, T, d) on the text."""
+    logits, features = [], []
+    for first in range(0, len(text), batch_size):
+        out, feats = target(text[first : first + batch_size], return_hidden=True)
+        logits.append(out)
+        features.append(feats)
+    return torch.cat(logits), torch.cat(features)
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    return -(torch.softmax(target_logits, -1) * torch.log_softmax(logits, -1)).sum(-1).mean()
+
+
+def train_medusa(target: Llama, text: torch.Tensor, logits: torch.Tensor, features: torch.Tensor, steps: int,
+                 batch_size: int = 16, num_heads: int = 4, lr: float = 1e-3, seed: int = 0) -> tuple[MedusaHeads, list[float]]:
+    torch.manual_seed(seed)
+    c = target.config
+    heads = MedusaHeads(c.d_model, c.vocab_size, num_heads)
+    with torch.no_grad():
+        heads.out_weight.copy_(target.lm_head.weight.expand(num_heads, -1, -1))  # each head starts as the LM head
+    with torch.no_grad():
+        normed = target.norm(features)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    g, losses = torch.Generator().manual_seed(seed), []
+    for step in range(steps):
+        rows = torch.randint(0, len(text), (batch_size,), generator=g)
+        out = heads(normed[rows])  # (K, B, T, V)
+        T = out.shape[2]
+        loss = sum(MEDUSA_DECAY ** k * soft_cross_entropy(out[k, :, : T - k - 1], logits[rows, k + 1 :])
+                   for k in range(num_heads)) / sum(MEDUSA_DECAY ** k for k in range(num_heads))
+        optimizer.zero_grad()
+        loss.backward()
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, 0.5 * (1 + torch.cos(torch.tensor(step / steps * torch.pi)).item()) + 0.05)
+        optimizer.step()
+        losses.append(round(loss.item(), 4))
+    return heads.eval(), losses
+
+
+def train_eagle(target: Llama, text: torch.Tensor, logits: torch.Tensor, features: torch.Tensor, steps: int,
+                batch_size: int = 16, lr: float = 1e-3, seed: int = 0) -> tuple[EagleDrafter, list[float]]:
+    torch.manual_seed(seed)
+    drafter = EagleDrafter(target.config)
+    drafter.layer.load_state_dict(target.layers[-1].state_dict())  # start from the target's last layer
+    for p in target.parameters():
+        p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
+    g, losses = torch.Generator().manual_seed(seed), []
+    for step in range(steps):
+        rows = torch.randint(0, len(text), (batch_size,), generator=g)
+        feats, tokens = features[rows], text[rows]  # (B, T, d), (B, T)
+        predicted = drafter(feats[:, :-1], target.embed_tokens(tokens[:, 1:]), target)  # f_t with x_{t+1} -> f_{t+1}
+        regression = F.smooth_l1_loss(predicted, feats[:, 1:])
+        classification = soft_cross_entropy(target.lm_head(target.norm(predicted)), logits[rows, 1:])
+        loss = regression + EAGLE_CLS_WEIGHT * classification
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, 0.5 * (1 + torch.cos(torch.tensor(step / steps * torch.pi)).item()) + 0.05)
+        optimizer.step()
+        losses.append(round(loss.item(), 4))
+    return drafter.eval(), losses
+
+
+def save_heads(module: torch.nn.Module, path: Path, meta: dict) -> None:
+    weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()}
+    save_file(weights, str(path), metadata={k: json.dumps(v) for k, v in meta.items()})
+
+
+def load_medusa(path: Path | str = DATA_DIR / "models" / "medusa.safetensors") -> MedusaHeads:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no Medusa heads at {path} (train them with `make heads`)")
+    weights = {k: v.float() for k, v in load_file(str(path)).items()}
+    K, V, d = weights["out_weight"].shape
+    heads = MedusaHeads(d, V, K)
+    heads.load_state_dict(weights)
+    return heads.eval()
+
+
+def load_eagle(path: Path | str = DATA_DIR / "models" / "eagle.safetensors") -> EagleDrafter:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no EAGLE drafter at {path} (train it with `make heads`)")
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    drafter = EagleDrafter(LlamaConfig(**json.loads(meta["config"])))
+    drafter.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
+    return drafter.eval()
+
+
+def main(folder: Path = DATA_DIR / "models", sequences: int = 384, steps: int = 500) -> int:
+    from specdec.train import load
+
+    target = load(folder / "target.safetensors")
+    log: dict = {}
+    start = time.perf_counter()
+    text = self_distillation_text(target, sequences, prompt_len=64, new_tokens=128)
+    logits, features = target_labels(target, text)
+    data_s = time.perf_counter() - start
+    print(f"self-distillation text: {tuple(text.shape)} tokens from the target in {data_s:.0f} s")
+    common = {"sequences": sequences, "tokens": text.numel(), "data_seconds": round(data_s),
+              "threads": torch.get_num_threads()}
+    start = time.perf_counter()
+    heads, losses = train_medusa(target, text, logits, features, steps)
+    seconds = time.perf_counter() - start
+    save_heads(heads, folder / "medusa.safetensors", {"num_heads": heads.num_heads})
+    log["medusa"] = {**common, "params": sum(p.numel() for p in heads.parameters()), "steps": steps, "batch_size": 16,
+                     "train_seconds": round(seconds), "losses": losses}
+    print(f"medusa: {log['medusa']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
+    start = time.perf_counter()
+    drafter, losses = train_eagle(target, text, logits, features, steps)
+    seconds = time.perf_counter() - start
+    save_heads(drafter, folder / "eagle.safetensors", {"config": target.config.to_dict()})
+    log["eagle"] = {**common, "params": sum(p.numel() for p in drafter.parameters()), "steps": steps, "batch_size": 16,
+                    "train_seconds": round(seconds), "losses": losses}
+    print(f"eagle: {log['eagle']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
+    (folder / "heads_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    plot_head_losses(log, folder / "heads_loss.png")
+    from specdec.train import write_model_card
+
+    write_model_card(json.loads((folder / "train_log.json").read_text()), folder)
+    return 0
+
+
+def plot_head_losses(log: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    labels = {"medusa": "Medusa heads (weighted soft CE over 4 heads)", "eagle": "EAGLE (smooth L1 + 0.1 soft CE)"}
+    for name, entry in log.items():
+        ax.plot(entry["losses"], label=f"{labels[name]}, {entry['params'] / 1e6:.2f}M")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Self-drafters trained on the frozen target's own text")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def heads_card(folder: Path) -> str:
+    """The model card's section on the self-drafters, from heads_log.json (empty if they were never trained)."""
+    path = folder / "heads_log.json"
+    if not path.exists():
+        return ""
+    log = json.loads(path.read_text())
+    rows = []
+    for name, e in log.items():
+        size = (folder / f"{name}.safetensors").stat().st_size / 1e6
+        rows.append(f"| {name} | {e['params'] / 1e6:.2f}M | {e['steps']} x {e['batch_size']} sequences | "
+                    f"{e['train_seconds'] / 60:.1f} min on {e['threads']} threads | {e['losses'][0]:.3f} -> "
+                    f"{sum(e['losses'][-20:]) / len(e['losses'][-20:]):.3f} | {size:.1f} MB |")
+    e = next(iter(log.values()))
+    return f"""
+## Self-drafters (notebook 12)
+
+Trained by `make heads` (`python -m specdec.train --heads`) with the target frozen, on the target's own text:
+{e['sequences']} corpus windows of 64 bytes (half code, half math, training files only) continued by the
+target for 128 bytes at temperature 1 ({e['tokens']:,} tokens, made in {e['data_seconds']} s). Medusa-1: 4 heads,
+each a residual SiLU block on the target's normalised last hidden state and its own projection (initialised
+from the LM head), head k learning the target's distribution k + 2 positions ahead, weighted 0.8^k. EAGLE: one
+decoder layer of the target's shape (initialised from the target's last layer) after an fc over [feature;
+next-token embedding], trained with smooth L1 to the target's next feature + 0.1 x soft cross-entropy through
+the target's frozen LM head. AdamW, lr 1e-3 with cosine decay.
+
+| drafter | parameters | steps | time | loss (first -> last 20) | file (bf16) |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+![self-drafter training loss](heads_loss.png)
+"""
