@@ -23,7 +23,7 @@ help:
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the draft and the undistilled control draft into data/models/ (about 50 min on 2 cores)"
-	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter on the shipped target (about 15 min on 2 cores)"
+	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter on the shipped target (about 8 min)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
 	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-64 requests (artifacts/serve/)"

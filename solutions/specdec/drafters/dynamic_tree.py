@@ -13,11 +13,11 @@ import torch
 
 from specdec.validate import check_positive_int
 
-Path = tuple[int, ...]
+TokenPath = tuple[int, ...]
 
 
-def expand_dynamic_tree(expand: Callable[[list[Path]], torch.Tensor], depth: int, top_k: int,
-                        budget: int) -> list[Path]:
+def expand_dynamic_tree(expand: Callable[[list[TokenPath]], torch.Tensor], depth: int, top_k: int,
+                        budget: int) -> list[TokenPath]:
     """The paths (token tuples after the root) of EAGLE-2's tree, sorted by depth, then creation order.
 
     ``expand(paths)`` returns (len(paths), V) log-probabilities of the drafter's next token after each
@@ -33,8 +33,8 @@ def expand_dynamic_tree(expand: Callable[[list[Path]], torch.Tensor], depth: int
     for name, value in (("depth", depth), ("top_k", top_k), ("budget", budget)):
         check_positive_int(value, name)
     ### BEGIN SOLUTION
-    created: list[tuple[float, Path]] = []  # (value, path) in creation order
-    frontier: list[tuple[float, Path]] = [(0.0, ())]
+    created: list[tuple[float, TokenPath]] = []  # (value, path) in creation order
+    frontier: list[tuple[float, TokenPath]] = [(0.0, ())]
     for _ in range(depth):
         logprobs = expand([path for _, path in frontier])  # (len(frontier), V)
         new = []
