@@ -184,8 +184,8 @@ class Llama(nn.Module):
                 mask: torch.Tensor | None = None, return_hidden: bool = False):
         """tokens (B, T); position_ids (T,) default cache.length + arange(T); mask (T, L) bool,
         True where a new position may attend (L = cached + T), default causal. With ``return_hidden``:
-        (logits, features), the features (B, T, d) being the last layer's output before the final norm
-        (what EAGLE drafts from, notebook 12)."""
+        (logits, features), the features (B, T, d) being the LM head's input, after the final norm (what
+        Medusa heads and the EAGLE drafter read, notebook 12)."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         last = start + T - 1 if position_ids is None else int(position_ids.max())
@@ -200,8 +200,9 @@ class Llama(nn.Module):
             x = layer(x, cos, sin, i, cache, mask)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(self.norm(x))
-        return (logits, x) if return_hidden else logits
+        features = self.norm(x)
+        logits = self.lm_head(features)
+        return (logits, features) if return_hidden else logits
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

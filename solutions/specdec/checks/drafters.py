@@ -172,7 +172,7 @@ def _reproduces_step(mistake, drafter, target, feature, token, cache, got) -> bo
 
 # ---- EAGLE-2 --------------------------------------------------------------------------------
 class _Drafter:
-    """A deterministic synthetic drafter: log-probabilities depend on the path (a hash), a few of them tied."""
+    """A deterministic synthetic drafter: log-probabilities depend on the path (a hash); no ties."""
 
     def __init__(self, vocab: int, seed: int, sharp: float) -> None:
         self.vocab, self.seed, self.sharp = vocab, seed, sharp
@@ -206,8 +206,24 @@ def _near_tie(expand, depth: int, top_k: int, budget: int) -> bool:
     return any(b - a < 1e-9 for a, b in zip(values, values[1:]))
 
 
+class _TiedDrafter:
+    """Exact ties: the best child of the root and of (0,) has log-probability 0 (a child ties its parent's value),
+    and (0,)'s next two children tie at -1 (the lower token id must come first)."""
+
+    __name__ = "a drafter with exact ties"
+
+    def __call__(self, paths):
+        table = {0: [0.0, -30.0, -40.0], 1: [0.0, -1.0, -1.0], 2: [-2.0, -3.0, -3.0]}
+        return torch.tensor([table[min(len(p), 2)] for p in paths], dtype=torch.float64)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 def check_expand_dynamic_tree(fn: Callable) -> None:
-    rng, cases = random.Random(24), []
+    rng = random.Random(24)
+    tied = _TiedDrafter()
+    cases = [(f"{tied.__name__}, depth={d}, top_k=2, budget={b}", (tied, d, 2, b)) for d, b in ((2, 1), (2, 2), (2, 3), (3, 4))]
     while len(cases) < 60:
         V, depth, top_k = rng.randrange(4, 9), rng.randrange(1, 5), rng.randrange(1, 4)
         budget = rng.randrange(1, 12)

@@ -1,10 +1,10 @@
 """Notebook 12, EAGLE (Li et al., ICML 2024): drafting at the feature level, one decoder layer.
 
-The target's feature f_t (its last layer's output at position t, before the final norm and the LM
-head) decides the distribution of token t + 1, but not which token was sampled. EAGLE's drafter
+The target's feature f_t (the LM head's input at position t: its last layer's output after the final
+norm) decides the distribution of token t + 1, but not which token was sampled. EAGLE's drafter
 therefore reads, at position t, the feature f_t **and the embedding of token t + 1** (the sequence
-advanced by one), and predicts f_{t+1}; the target's frozen norm and LM head turn a predicted
-feature into the next token's logits. It drafts gamma tokens by feeding its own predicted features
+advanced by one), and predicts f_{t+1}; the target's frozen LM head turns a predicted feature into
+the next token's logits. It drafts gamma tokens by feeding its own predicted features
 back, with its own one-layer KV cache.
 """
 
@@ -71,11 +71,10 @@ def eagle_draft_step(drafter: EagleDrafter, target: Llama, feature: torch.Tensor
     ``feature`` (d,): the feature at the position before ``token`` (the target's, or the drafter's own
     prediction); ``token``: the token that follows it. Feed them as one position with the cache, so the
     cache grows by exactly one entry, and return (predicted feature (d,), logits (V,)), the logits being
-    the target's LM head on its final norm of the predicted feature: the draft distribution of the
-    token after ``token``.
+    the target's LM head on the predicted feature: the draft distribution of the token after ``token``.
     """
     ### BEGIN SOLUTION
     embedding = target.embed_tokens(torch.tensor([[token]]))  # (1, 1, d)
     predicted = drafter(feature.view(1, 1, -1), embedding, target, cache)[0, -1]  # (d,)
-    return predicted, target.lm_head(target.norm(predicted))
+    return predicted, target.lm_head(predicted)
     ### END SOLUTION

@@ -1,6 +1,6 @@
 """Notebook 12, the speculative loops of the self-drafters, batch 1, on the course's KV cache.
 
-Every loop keeps notebook 05's invariant: with P committed tokens the target's cache holds P - 1
+The features are the LM head's input (after the final norm). Every loop keeps notebook 05's invariant: with P committed tokens the target's cache holds P - 1
 (the last committed token, the round's root, is its next input). The self-drafters read what the
 target's verify forward computed anyway: Medusa the hidden state before the root, EAGLE the true
 features of every accepted position (fed to its own one-layer cache at the next round's start;
@@ -79,7 +79,7 @@ def medusa_generate(target: Llama, heads: MedusaHeads, prompt: list[int], n_toke
     hidden = features[-1]  # the feature that predicted the root
     while len(tokens) < n_tokens:
         t0 = time.perf_counter()
-        head_logits = head_logits_fn(target.norm(hidden), heads.res_weight, heads.res_bias, heads.out_weight)
+        head_logits = head_logits_fn(hidden, heads.res_weight, heads.res_bias, heads.out_weight)
         nodes = candidates_fn(root, head_logits, choices)
         t1 = time.perf_counter()
         start = cache.length
@@ -121,7 +121,7 @@ def eagle_generate(target: Llama, drafter: EagleDrafter, prompt: list[int], n_to
             if j:
                 predicted, logits = step_fn(drafter, target, predicted, drafts[-1], d_cache)
             else:
-                logits = target.lm_head(target.norm(predicted))
+                logits = target.lm_head(predicted)
             token, q = _draft_logits_to_token(logits, params, generator)
             drafts.append(token)
             q_rows.append(q)
@@ -151,7 +151,7 @@ def eagle2_generate(target: Llama, drafter: EagleDrafter, prompt: list[int], n_t
     """EAGLE-2: a dynamic tree per round (expand_dynamic_tree over the drafter's tree-attended steps),
     verified in one target forward; exact (the tree's tokens are deterministic given the context).
     ``tree_fn``: notebook 12's exercise (the reference's by default)."""
-    _check(target, prompt, n_tokens, budget + 1)
+    _check(target, prompt, n_tokens, max(budget + 1, (depth - 1) * top_k + 1))  # the drafter's tree entries too
     start_time = time.perf_counter()
     cache, _, features, root = _prefill(target, prompt, params, generator)
     d_cache, run, tokens = drafter.new_cache(), DraftRun([]), [root]
@@ -175,7 +175,7 @@ def eagle2_generate(target: Llama, drafter: EagleDrafter, prompt: list[int], n_t
                               torch.tensor([root_pos + len(p) - 1 for p in fresh]), visible)[0]
                 for p, slot, f in zip(fresh, slots, out):
                     feature_of[p], slot_of[p] = f, slot
-            return torch.log_softmax(target.lm_head(target.norm(torch.stack([feature_of[p] for p in paths]))), -1)
+            return torch.log_softmax(target.lm_head(torch.stack([feature_of[p] for p in paths])), -1)
 
         paths = tree_fn(expand, depth, top_k, budget)
         d_cache.crop(base)

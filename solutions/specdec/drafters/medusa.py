@@ -19,7 +19,7 @@ from specdec.validate import check_tensor
 
 
 class MedusaHeads(nn.Module):
-    """K heads: logits_k = W_out[k] (h + SiLU(W_res[k] h + b_res[k])), h the target's normalised hidden state."""
+    """K heads: logits_k = W_out[k] (h + SiLU(W_res[k] h + b_res[k])), h the LM head's input (after the final norm)."""
 
     def __init__(self, d_model: int, vocab_size: int, num_heads: int = 4) -> None:
         super().__init__()

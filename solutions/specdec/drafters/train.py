@@ -9,7 +9,8 @@ labels:
   (soft cross-entropy with softmax(logits at t + k + 1)), weighted 0.8^k; the target stays frozen.
 - **EAGLE**: at position t the drafter reads (f_t, embedding of x_{t+1}) and predicts f_{t+1}; loss =
   smooth L1 to the true feature + 0.1 x soft cross-entropy of the target's LM head on the prediction
-  against the target's distribution at t + 1 (the EAGLE paper's two terms and weights).
+  against the target's distribution at t + 1 (the EAGLE paper's two terms and weights). Features are the
+  LM head's input (after the target's final norm), as in EAGLE's released code.
 
     python -m specdec.train --heads          # or: make heads
 """
@@ -86,13 +87,11 @@ def train_medusa(target: Llama, text: torch.Tensor, logits: torch.Tensor, featur
     heads = MedusaHeads(c.d_model, c.vocab_size, num_heads)
     with torch.no_grad():
         heads.out_weight.copy_(target.lm_head.weight.expand(num_heads, -1, -1))  # each head starts as the LM head
-    with torch.no_grad():
-        normed = target.norm(features)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
     g, losses = torch.Generator().manual_seed(seed), []
     for step in range(steps):
         rows = torch.randint(0, len(text), (batch_size,), generator=g)
-        out = heads(normed[rows])  # (K, B, T, V)
+        out = heads(features[rows])  # (K, B, T, V)
         T = out.shape[2]
         loss = sum(MEDUSA_DECAY ** k * soft_cross_entropy(out[k, :, : T - k - 1], logits[rows, k + 1 :])
                    for k in range(num_heads)) / sum(MEDUSA_DECAY ** k for k in range(num_heads))
@@ -119,7 +118,7 @@ def train_eagle(target: Llama, text: torch.Tensor, logits: torch.Tensor, feature
         feats, tokens = features[rows], text[rows]  # (B, T, d), (B, T)
         predicted = drafter(feats[:, :-1], target.embed_tokens(tokens[:, 1:]), target)  # f_t with x_{t+1} -> f_{t+1}
         regression = F.smooth_l1_loss(predicted, feats[:, 1:])
-        classification = soft_cross_entropy(target.lm_head(target.norm(predicted)), logits[rows, 1:])
+        classification = soft_cross_entropy(target.lm_head(predicted), logits[rows, 1:])
         loss = regression + EAGLE_CLS_WEIGHT * classification
         optimizer.zero_grad()
         loss.backward()
@@ -229,11 +228,12 @@ def heads_card(folder: Path) -> str:
 Trained by `make heads` (`python -m specdec.train --heads`) with the target frozen, on the target's own text:
 {e['sequences']} corpus windows of 64 bytes (half code, half math, training files only) continued by the
 target for 128 bytes at temperature 1 ({e['tokens']:,} tokens, made in {e['data_seconds']} s). Medusa-1: 4 heads,
-each a residual SiLU block on the target's normalised last hidden state and its own projection (initialised
+each a residual SiLU block on the target's normalised last hidden state (the LM head's input) and its own projection (initialised
 from the LM head), head k learning the target's distribution k + 2 positions ahead, weighted 0.8^k. EAGLE: one
 decoder layer of the target's shape (initialised from the target's last layer) after an fc over [feature;
 next-token embedding], trained with smooth L1 to the target's next feature + 0.1 x soft cross-entropy through
-the target's frozen LM head. AdamW, lr 1e-3 with cosine decay.
+the target's frozen LM head (features: the LM head's input, after the final norm). AdamW, lr 1e-3 with cosine
+decay.
 
 | drafter | parameters | steps | time | loss (first -> last 20) | file (bf16) |
 |---|---|---|---|---|---|

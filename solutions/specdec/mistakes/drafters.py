@@ -40,11 +40,11 @@ def _inputs(features, tokens, *, shift=1, trim=0):
     return features[:n], tokens[shift : shift + n]
 
 
-def _step(drafter, target, feature, token, cache, *, use_cache=True, norm=True, give_back_input=False):
+def _step(drafter, target, feature, token, cache, *, use_cache=True, input_logits=False, give_back_input=False):
     embedding = target.embed_tokens(torch.tensor([[token]]))
     with torch.inference_mode():
         predicted = drafter(feature.view(1, 1, -1), embedding, target, cache if use_cache else None)[0, -1]
-        logits = target.lm_head(target.norm(predicted) if norm else predicted)
+        logits = target.lm_head(feature if input_logits else predicted)
     return (feature if give_back_input else predicted), logits
 
 
@@ -135,8 +135,9 @@ MISTAKES = [
        "every t that has a feature and a next token makes a pair: n = min(T, N - 1)."),
     _m("eagle_draft_step", "no_cache", lambda *a: _step(*a, use_cache=False),
        "feed the drafter with its cache: each step adds one entry and attends to every earlier one."),
-    _m("eagle_draft_step", "no_final_norm", lambda *a: _step(*a, norm=False),
-       "the target's LM head reads normalised features: logits = target.lm_head(target.norm(predicted))."),
+    _m("eagle_draft_step", "logits_of_the_input", lambda *a: _step(*a, input_logits=True),
+       "the draft logits come from the predicted feature (the next position's): target.lm_head(predicted), "
+       "not from the feature you fed in, whose token is already known."),
     _m("eagle_draft_step", "returns_input_feature", lambda *a: _step(*a, give_back_input=True),
        "return the drafter's prediction (the next feature), not the feature you fed it."),
     _m("expand_dynamic_tree", "last_log_prob_as_value", lambda *a: _tree(*a, value="last"),
