@@ -213,6 +213,25 @@ def upstream_note(fn: Callable, requires: Sequence[tuple[str, Callable[[Callable
     return ""
 
 
+def call_recorded(fn: Callable, label: str, args: tuple, mistakes: Sequence[Mistake], history: list,
+                  requires: Sequence[tuple[str, Callable[[Callable], None]]] = (), rel: float = 1e-9,
+                  named: Callable | None = None) -> Any:
+    """fn(*args) inside a check that keeps a history for :func:`diagnose`: an exception becomes a CheckFailure
+    naming the input and the likely mistake (or the failing exercise fn calls). ``named``: the learner's function
+    when fn wraps it."""
+    try:
+        return fn(*args)
+    except NotImplementedError as err:
+        raise not_implemented(named or fn, label, err) from None
+    except CheckFailure:
+        raise
+    except Exception as err:
+        history.append((args, err))
+        note = upstream_note(named or fn, requires)
+        hint = "" if note else diagnose(mistakes, history, rel=rel)
+        raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{note}") from None
+
+
 def compare_cases(
     fn: Callable,
     reference: Callable,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from specdec.checks.core import CheckFailure, diagnose, fmt, not_implemented, upstream_note
+from specdec.checks.core import CheckFailure, call_recorded, diagnose, fmt, not_implemented, upstream_note
 from specdec.drafters.dynamic_tree import expand_dynamic_tree
 from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
 from specdec.drafters.medusa import medusa_candidates, medusa_head_logits
@@ -40,17 +40,7 @@ def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple
     for description, args in cases:
         label = f"{name}({description})"
         expected = reference(*copy.deepcopy(args))
-        try:
-            got = fn(*copy.deepcopy(args))
-        except NotImplementedError as err:
-            raise not_implemented(fn, label, err) from None
-        except CheckFailure:
-            raise
-        except Exception as err:
-            history.append((args, err))
-            note = upstream_note(fn, requires)
-            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}."
-                               f"{'' if note else diagnose(mistakes, history, rel=1e-6)}{note}") from None
+        got = call_recorded(fn, label, copy.deepcopy(args), mistakes, history, requires, rel=1e-6)
         history.append((args, got))
         if not _agree(got, expected):
             note = upstream_note(fn, requires)

@@ -12,6 +12,7 @@ import torch
 
 from specdec.checks.core import (
     CheckFailure,
+    call_recorded,
     compare_cases,
     diagnose,
     fmt,
@@ -50,17 +51,7 @@ def _compare_in_place(fn: Callable, reference: Callable, cases: Iterable[tuple[s
     for count, (description, args) in enumerate(cases):
         label = f"{name}({description})"
         expected = expected_of(*args)
-        try:
-            got = learner(*args)
-        except NotImplementedError as err:
-            raise not_implemented(fn, label, err) from None
-        except CheckFailure:
-            raise
-        except Exception as err:
-            history.append((args, err))
-            note = upstream_note(fn, requires)
-            hint = "" if note else diagnose(mistakes, history, rel=0.0)
-            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{note}") from None
+        got = call_recorded(learner, label, args, mistakes, history, requires, rel=0.0, named=fn)
         history.append((args, got))
         if got != expected:
             wrong = [f"{what} should be {fmt(want)}, got {fmt(have)}" for (what, want), (_, have) in zip(expected, got)
