@@ -91,7 +91,7 @@ def check_medusa_candidates(fn: Callable) -> None:
 # ---- EAGLE ----------------------------------------------------------------------------------
 def check_eagle_inputs(fn: Callable) -> None:
     g, cases = torch.Generator().manual_seed(23), []
-    for T, N in [(5, 6), (5, 5), (3, 7), (1, 2), (6, 4), (8, 9)]:
+    for T, N in [(5, 6), (5, 5), (3, 7), (1, 2), (6, 4), (8, 9), (3, 1), (3, 0)]:
         features = torch.randn(T, 3, generator=g)
         tokens = torch.randint(0, 50, (N,), generator=g)
         cases.append((f"features of shape ({T}, 3), tokens {tokens.tolist()}", (features, tokens)))
@@ -196,6 +196,20 @@ def _near_tie(expand, depth: int, top_k: int, budget: int) -> bool:
     return any(b - a < 1e-9 for a, b in zip(values, values[1:]))
 
 
+class _CrossTiedDrafter:
+    """Probabilities that are binary fractions, so nodes under different parents tie exactly: the tie rule
+    ("the earlier created node ranks higher") decides both the next frontier and the budget cut."""
+
+    __name__ = "a drafter whose nodes under different parents tie exactly"
+
+    def __call__(self, paths):
+        table = {(): [0.25, 0.5, 0.125, 0.125], (1,): [0.5, 0.125, 0.125, 0.25], (0,): [0.5, 0.25, 0.125, 0.125]}
+        return torch.log(torch.tensor([table.get(p, [0.5, 0.25, 0.125, 0.125]) for p in paths], dtype=torch.float64))
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 class _TiedDrafter:
     """Exact ties: the best child of the root and of (0,) has log-probability 0 (a child ties its parent's value),
     and (0,)'s next two children tie at -1 (the lower token id must come first)."""
@@ -214,6 +228,8 @@ def check_expand_dynamic_tree(fn: Callable) -> None:
     rng = random.Random(24)
     tied = _TiedDrafter()
     cases = [(f"{tied.__name__}, depth={d}, top_k=2, budget={b}", (tied, d, 2, b)) for d, b in ((2, 1), (2, 2), (2, 3), (3, 4))]
+    cross = _CrossTiedDrafter()
+    cases += [(f"{cross.__name__}, depth={d}, top_k=2, budget={b}", (cross, d, 2, b)) for d, b in ((2, 4), (3, 20), (3, 6))]
     while len(cases) < 60:
         V, depth, top_k = rng.randrange(4, 9), rng.randrange(1, 5), rng.randrange(1, 4)
         budget = rng.randrange(1, 12)

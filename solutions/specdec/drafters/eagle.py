@@ -53,12 +53,12 @@ def eagle_inputs(features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Te
     ``features`` (T, d): the target's feature at positions 0..T-1 (position t has read tokens 0..t);
     ``tokens`` (N,): the sequence's tokens. Returns (inputs_features, next_tokens), the pairs the
     drafter reads at positions t = 0, 1, ...: the feature at t with the token at t + 1, for every t
-    that has both (n = min(T, N - 1) pairs).
+    that has both (n = min(T, N - 1) pairs, none when N <= 1).
     """
     check_tensor(features, "features", 2, floating=True)
     check_tensor(tokens, "tokens", 1, floating=False)
     ### BEGIN SOLUTION
-    n = min(features.shape[0], tokens.shape[0] - 1)
+    n = max(min(features.shape[0], tokens.shape[0] - 1), 0)
     return features[:n], tokens[1 : n + 1]
     ### END SOLUTION
 

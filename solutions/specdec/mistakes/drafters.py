@@ -36,7 +36,7 @@ def _candidates(root, head_logits, choices, *, head=lambda depth, K: depth - 1, 
 
 
 def _inputs(features, tokens, *, shift=1, trim=0):
-    n = min(features.shape[0], tokens.shape[0] - 1) - trim
+    n = max(min(features.shape[0], tokens.shape[0] - 1) - trim, 0)
     return features[:n], tokens[shift : shift + n]
 
 
