@@ -22,7 +22,7 @@ help:
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
-	@echo "make models   train the target, the draft and the undistilled control draft into data/models/ (about 50 min on 2 cores)"
+	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
 	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter on the shipped target (about 8 min)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
