@@ -4,13 +4,11 @@ shipped heads load, are small, and fail clearly when missing."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
 from specdec import corpus, tokenizer
-from specdec.checks.engine import shipped_pair, tiny_pair
+from specdec.checks.engine import shipped_pair, target_joint_after_first, tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.generate import eagle2_generate, eagle_generate, medusa_generate
@@ -18,9 +16,6 @@ from specdec.drafters.medusa import MedusaHeads
 from specdec.drafters.train import load_eagle, load_medusa, self_distillation_text, target_labels, train_eagle, train_medusa
 from specdec.engine import SamplingParams, target_only_generate
 from specdec.paths import DATA_DIR
-
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from test_serving import _joint_of_tokens_2_to_4  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +55,7 @@ def test_sampling_is_exact(method):
     distribution, enumerated from the model, within 5 sigma per outcome."""
     target, heads, drafter = _tiny_drafters()
     params, prompt = SamplingParams(temperature=1.0), [1, 2]
-    exact = _joint_of_tokens_2_to_4(target, prompt, params)
+    exact = target_joint_after_first(target, prompt, params)
     g = torch.Generator().manual_seed(0)
     run = {"eagle chain": lambda: eagle_generate(target, drafter, prompt, 4, gamma=2, params=params, generator=g),
            "eagle-2 tree": lambda: eagle2_generate(target, drafter, prompt, 4, depth=3, top_k=2, budget=5, params=params,

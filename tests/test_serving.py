@@ -6,10 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from specdec import corpus, tokenizer
-from specdec.checks.engine import shipped_pair, target_joint, tiny_pair
+from specdec.checks.engine import shipped_pair, target_joint_after_first, tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import SamplingParams, target_only_generate
 from specdec.serving.engine import ServingEngine
@@ -102,17 +101,6 @@ def test_max_tokens_is_never_overrun_by_accepted_drafts():
         assert engine.done[seq_id].output == reference[:n]
 
 
-def _joint_of_tokens_2_to_4(target, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int, int], float]:
-    """P(t2, t3, t4) under the target, enumerated: the sum over t1 of P(t1) P(t2, t3, t4 | t1)."""
-    with torch.no_grad():
-        first = params.probs(target(torch.tensor([prompt]))[0, -1])
-    joint: dict[tuple[int, int, int], float] = {}
-    for t1 in range(target.config.vocab_size):
-        for seq, p in target_joint(target, prompt + [t1], params).items():
-            joint[seq] = joint.get(seq, 0.0) + float(first[t1]) * p
-    return joint
-
-
 def test_sampling_is_exact_in_a_shared_batch():
     """2000 sampled requests with two different prompts (temperature 1, gamma 2 or auto), served about 30 at a time:
     tokens 2-4 of each (the first round of drafts, its bonus included; token 1 comes from the prefill) follow the
@@ -124,7 +112,7 @@ def test_sampling_is_exact_in_a_shared_batch():
     engine.measure_costs(rows=(1, 64), per_row=(1, 3))
     _run_checked(engine)
     for k, prompt in enumerate(prompts):
-        exact = _joint_of_tokens_2_to_4(target, prompt, params)
+        exact = target_joint_after_first(target, prompt, params)
         compare_frequencies([tuple(engine.done[i].output[1:4]) for i in ids[k::2]], exact,
                             f"serving engine, prompt {prompt}, tokens 2-4")
     assert sum(s.proposed for s in engine.done.values()) > 4000

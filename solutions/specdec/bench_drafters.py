@@ -33,9 +33,8 @@ GAMMA = 4
 
 
 def _from_generation(gen) -> DraftRun:
-    run = DraftRun(gen.tokens, [r.committed for r in gen.rounds], sum(r.target_s for r in gen.rounds),
-                   sum(r.draft_s for r in gen.rounds), gen.wall_s)
-    return run
+    return DraftRun(gen.tokens, [r.committed for r in gen.rounds], sum(r.target_s for r in gen.rounds),
+                    sum(r.draft_s for r in gen.rounds), gen.wall_s)
 
 
 def run_one(name: str, models: dict, prompt: list[int], n_tokens: int) -> DraftRun:

@@ -345,6 +345,18 @@ def target_joint(target: Llama, prompt: list[int], params: SamplingParams) -> di
     return exact
 
 
+def target_joint_after_first(target: Llama, prompt: list[int], params: SamplingParams) -> dict[tuple[int, int, int], float]:
+    """P(t2, t3, t4) under the target, enumerated: the sum over t1 of P(t1) P(t2, t3, t4 | t1). For loops whose
+    first token comes from the prefill, so that the first round of drafts decides tokens 2 to 4."""
+    with torch.no_grad():
+        first = params.probs(target(torch.tensor([prompt]))[0, -1])
+    joint: dict[tuple[int, int, int], float] = {}
+    for t1 in range(target.config.vocab_size):
+        for seq, p in target_joint(target, prompt + [t1], params).items():
+            joint[seq] = joint.get(seq, 0.0) + float(first[t1]) * p
+    return joint
+
+
 def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2]

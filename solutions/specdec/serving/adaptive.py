@@ -9,6 +9,7 @@ compute bound, every draft position costs as much as a real token and gamma -> 0
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable
 
@@ -52,10 +53,8 @@ class StepCosts:
         c, s = self.counts, self.seconds
         if n <= c[0]:
             return s[0]
-        for i in range(1, len(c)):
-            if n <= c[i] or i == len(c) - 1:  # beyond the last count: extend the last segment
-                return s[i - 1] + (s[i] - s[i - 1]) * (n - c[i - 1]) / (c[i] - c[i - 1])
-        raise AssertionError("unreachable")
+        i = min(bisect.bisect_left(c, n), len(c) - 1)  # the segment holding n; beyond the last count, the last one
+        return s[i - 1] + (s[i] - s[i - 1]) * (n - c[i - 1]) / (c[i] - c[i - 1])
 
     @classmethod
     def measure(cls, forward: Callable[[int], object], counts: list[int], repeats: int = 5) -> StepCosts:
