@@ -13,7 +13,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-ui release grade grade-cohort models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook heads bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
@@ -24,6 +24,7 @@ help:
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
 	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter on the shipped target (about 8 min)"
+	@echo "make hf-models  write the shipped checkpoints as Hugging Face folders in artifacts/hf/ (python -m specdec.bench --target artifacts/hf/target --draft artifacts/hf/draft)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 4 min)"
 	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-64 requests (artifacts/serve/)"
@@ -85,6 +86,9 @@ bench-drafters-notebook: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec.bench --hf
+
+hf-models: $(STAMP)
+	$(BIN)/python -m specdec.hf --out artifacts/hf
 
 bench-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench --notebook-reference data/bench/nb09_full.json

@@ -18,6 +18,9 @@ prediction that uses the measured cost of verifying gamma + 1 positions, which o
 is not the cost of one). Wall times are medians over --repeats runs of each prompt;
 ``speedup`` includes the prompt's prefill (the same in both), ``decode_speedup`` does not.
 Writes bench.json, bench.csv and bench.png (to --out) and reports peak memory.
+
+``python -m specdec.bench --target T --draft D --prompts code|math|FILE`` runs the loop on any
+Hugging Face pair instead (:mod:`specdec.bench_pretrained`).
 """
 
 from __future__ import annotations
@@ -343,7 +346,14 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(arg.split("=")[0] in ("--target", "--draft") for arg in argv):  # a Hugging Face pair instead
+        from specdec.bench_pretrained import main as bench_pretrained
+
+        return bench_pretrained(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="With --target and --draft (local folders or hub names): the same loop on "
+                                            "a Hugging Face pair; see python -m specdec.bench --target x --draft y -h.")
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models", help="folder with target/draft.safetensors")
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per task")

@@ -47,6 +47,25 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
+def check_vocabularies(target, draft) -> None:
+    """A draft token id must mean what it means to the target: one tokenizer, so one vocabulary.
+
+    Compares the logits' widths and, where both configs carry one (:mod:`specdec.pretrained`), a
+    fingerprint of the tokenizer's id -> token map."""
+    t, d = target.config, draft.config
+    advice = ("Speculative decoding as written here needs one shared tokenizer: take the draft from the target's "
+              "family. For a pair that does not share one, transformers' Universal Assisted Generation translates "
+              "the drafts through text: generate(..., assistant_model=draft, tokenizer=target_tokenizer, "
+              "assistant_tokenizer=draft_tokenizer).")
+    if d.vocab_size != t.vocab_size:
+        raise ValueError(f"draft and target vocabularies differ: the draft scores {d.vocab_size} token ids, the target "
+                         f"{t.vocab_size}. {advice}")
+    fingerprints = getattr(t, "vocab_fingerprint", None), getattr(d, "vocab_fingerprint", None)
+    if None not in fingerprints and fingerprints[0] != fingerprints[1]:
+        raise ValueError(f"draft and target vocabularies differ: both score {t.vocab_size} token ids, but their "
+                         f"tokenizers map ids to different tokens. {advice}")
+
+
 def check_request(target: Llama, draft: Llama | None, prompt: list[int], n_tokens: int, gamma: int) -> None:
     """Clear errors for a request the models cannot serve."""
     if not isinstance(prompt, (list, tuple)) or not prompt:
@@ -54,11 +73,7 @@ def check_request(target: Llama, draft: Llama | None, prompt: list[int], n_token
     check_positive_int(n_tokens, "n_tokens")
     if draft is not None:
         check_positive_int(gamma, "gamma")
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(
-                f"draft and target vocabularies differ ({draft.config.vocab_size} vs {target.config.vocab_size}); "
-                "they must share a tokenizer"
-            )
+        check_vocabularies(target, draft)
     V = target.config.vocab_size
     if min(prompt) < 0 or max(prompt) >= V:
         raise ValueError(f"prompt token ids must lie in [0, {V}), got min {min(prompt)} and max {max(prompt)}")
@@ -316,11 +331,8 @@ class SpeculativeEngine:
     reports per-round statistics and timings."""
 
     def __init__(self, target: Llama, draft: Llama | None = None) -> None:
-        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(
-                f"draft and target vocabularies differ ({draft.config.vocab_size} vs {target.config.vocab_size}); "
-                "they must share a tokenizer"
-            )
+        if draft is not None:
+            check_vocabularies(target, draft)
         self.target, self.draft = target.eval(), draft.eval() if draft is not None else None
 
     def generate_target_only(self, prompt: list[int], n_tokens: int, params: SamplingParams = GREEDY,

@@ -42,7 +42,18 @@ class LlamaConfig:
 
 
 class KVCache:
-    """K and V for every layer: (n_layers, B, n_kv_heads, max_len, head_dim), valid up to ``length``."""
+    """K and V for every layer: (n_layers, B, n_kv_heads, max_len, head_dim), valid up to ``length``.
+
+    ``KVCache(config)`` builds the cache of that config's model: a model from elsewhere (a Hugging
+    Face checkpoint, :mod:`specdec.pretrained`) names its own subclass as ``config.cache_class``, so a
+    loop written against this class runs unchanged on it.
+    """
+
+    def __new__(cls, config, *args, **kwargs):
+        cache_class = getattr(config, "cache_class", None)
+        if cls is KVCache and cache_class is not None:
+            return super().__new__(cache_class)
+        return super().__new__(cls)
 
     def __init__(self, config: LlamaConfig, batch_size: int = 1, max_len: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:

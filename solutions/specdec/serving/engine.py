@@ -29,7 +29,7 @@ import torch
 
 from specdec import tokenizer
 from specdec.chain import verify_chain
-from specdec.engine import GREEDY, SamplingParams, StopCriteria
+from specdec.engine import GREEDY, SamplingParams, StopCriteria, check_vocabularies
 from specdec.greedy import greedy_verify
 from specdec.model import Llama
 from specdec.sampling import sample
@@ -76,9 +76,8 @@ class ServingEngine:
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
         check_positive_int(max_gamma, "max_gamma", minimum=0)
-        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"draft and target vocabularies differ ({draft.config.vocab_size} vs "
-                             f"{target.config.vocab_size}); they must share a tokenizer")
+        if draft is not None:
+            check_vocabularies(target, draft)
         self.target, self.draft = target.eval(), draft.eval() if draft is not None else None
         dtype = next(target.parameters()).dtype
         self.kv = PagedKV(target.config, num_blocks, block_size, dtype)

@@ -1,0 +1,190 @@
+"""Speculative decoding on any Hugging Face pair: ``python -m specdec.bench --target T --draft D``.
+
+T and D are local model folders or hub names (``make hf-models`` writes the course's own
+checkpoints as folders). Per prompt, batch 1, greedy, each method generating the same number of
+new tokens (end-of-text tokens do not stop anyone, so all are timed on equal work):
+
+- ``target only``: the course's target-only loop (notebook 05) through :mod:`specdec.pretrained`;
+- ``speculative``: the course's ``speculative_generate`` (the reference of notebook 05) on the pair;
+- ``hf greedy`` and ``hf assisted`` (unless ``--no-hf``): transformers' own ``generate``, plain and
+  with ``assistant_model=draft`` and a constant ``gamma`` drafts per round.
+
+It prints one table: tokens/s, the speedup over the same implementation's target-only decoding,
+acceptance and tokens per target forward, whether the output equals target-only greedy, and the
+measured cost ratio c of a draft step to a target step. Times are wall clock after a warm-up run;
+on a GPU every forward ends in a copy of its logits to the host (the adapter's) or a device
+synchronisation (around ``generate``), so no time is lost to queued kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import corpus
+from specdec.engine import SpeculativeEngine, check_request, check_vocabularies
+from specdec.pretrained import PretrainedLM, load_pretrained
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def read_prompts(spec: str, n: int) -> list[str]:
+    """``code`` or ``math`` (the course's held-out prompts), or a file: .jsonl (a "prompt" field or a string per
+    line) or text (one prompt per non-empty line, ``\\n`` for a newline inside one). The first n."""
+    if spec == "code":
+        return corpus.code_prompts(n)
+    if spec == "math":
+        return corpus.math_prompts(n)
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--prompts must be code, math or a file of prompts; {spec!r} is none of them")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        items = [json.loads(line) for line in lines]
+        prompts = [item["prompt"] if isinstance(item, dict) else item for item in items]
+    else:
+        prompts = [line.replace("\\n", "\n") for line in lines]
+    if not prompts or not all(isinstance(p, str) and p for p in prompts):
+        raise ValueError(f"{path}: expected non-empty prompts (text lines, or jsonl with a 'prompt' field)")
+    return prompts[:n]
+
+
+def _sync(model: PretrainedLM) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+
+
+def _timed_hf(model: PretrainedLM, ids: list[int], n_tokens: int, **kwargs) -> tuple[list[int], float]:
+    from specdec.hf import hf_generate
+
+    _sync(model)
+    start = time.perf_counter()
+    out = hf_generate(model.model, ids, n_tokens, **kwargs)
+    _sync(model)
+    return out, time.perf_counter() - start
+
+
+def run(target: PretrainedLM, draft: PretrainedLM, prompts: list[list[int]], n_tokens: int, gamma: int,
+        with_hf: bool) -> dict:
+    """Every method on every prompt (after one warm-up of each); totals per method."""
+    engine = SpeculativeEngine(target, draft)
+    methods = ["target only", f"speculative (gamma {gamma})"]
+    if with_hf:
+        config = draft.model.generation_config  # the assistant: gamma drafts every round, none skipped
+        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+        config.assistant_confidence_threshold = 0.0
+        methods += ["hf greedy", f"hf assisted (gamma {gamma})"]
+    totals = {m: {"seconds": 0.0, "tokens": 0, "identical": 0, "accepted": 0, "proposed": 0, "rounds": 0,
+                  "draft_s": 0.0, "draft_forwards": 0} for m in methods}
+    target_step = 0.0
+    for i, ids in enumerate([prompts[0]] + prompts):  # the first pass warms up and is not counted
+        base = engine.generate_target_only(ids, n_tokens)
+        spec = engine.generate(ids, n_tokens, gamma)
+        outputs = {methods[0]: (base.tokens, base.wall_s), methods[1]: (spec.tokens, spec.wall_s)}
+        if with_hf:
+            outputs[methods[2]] = _timed_hf(target, ids, n_tokens)
+            outputs[methods[3]] = _timed_hf(target, ids, n_tokens, assistant_model=draft.model)
+        if i == 0:
+            continue
+        target_step += (base.wall_s - base.prefill_s) / n_tokens
+        for method, (tokens, seconds) in outputs.items():
+            t = totals[method]
+            t["seconds"] += seconds
+            t["tokens"] += len(tokens)
+            t["identical"] += tokens == base.tokens
+        s = totals[methods[1]]
+        s["accepted"] += sum(r.accepted for r in spec.rounds)
+        s["proposed"] += sum(r.proposed for r in spec.rounds)
+        s["rounds"] += len(spec.rounds)
+        s["draft_s"] += sum(r.draft_s for r in spec.rounds)
+        s["draft_forwards"] += gamma * len(spec.rounds)
+    s = totals[methods[1]]
+    draft_step = s["draft_s"] / s["draft_forwards"] if s["draft_forwards"] else float("nan")
+    rows = []
+    for method in methods:
+        t = totals[method]
+        own_base = totals["hf greedy" if method.startswith("hf") else "target only"]
+        rows.append({
+            "method": method, "tokens_per_s": t["tokens"] / t["seconds"],
+            "speedup": own_base["seconds"] / t["seconds"],
+            "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else None,
+            "tokens_per_round": t["tokens"] / t["rounds"] if t["rounds"] else None,
+            "identical": f"{t['identical']}/{len(prompts)}",
+        })
+    return {"rows": rows, "target_step_ms": 1000 * target_step / len(prompts), "draft_step_ms": 1000 * draft_step,
+            "c": draft_step / (target_step / len(prompts))}
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'method':<26} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'tok/fwd':>8} {'= target-only':>14}"]
+    for r in result["rows"]:
+        accept = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+        per_round = f"{r['tokens_per_round']:.2f}" if r["tokens_per_round"] is not None else "-"
+        lines.append(f"{r['method']:<26} {r['tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {accept:>7} {per_round:>8} "
+                     f"{r['identical']:>14}")
+    lines.append(f"target step {result['target_step_ms']:.2f} ms, draft step {result['draft_step_ms']:.2f} ms: "
+                 f"c = {result['c']:.2f}  (speedups: against the same implementation's target-only decoding)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench --target ... --draft ...",
+                                     description="Speculative decoding on a Hugging Face target/draft pair.")
+    parser.add_argument("--target", required=True, help="local model folder or hub name (e.g. Qwen/Qwen2.5-1.5B)")
+    parser.add_argument("--draft", required=True, help="local model folder or hub name sharing the target's tokenizer")
+    parser.add_argument("--prompts", default="code", help="code, math, or a file (.jsonl or one prompt per line)")
+    parser.add_argument("--num-prompts", type=int, default=4, help="how many prompts (default 4)")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    parser.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="default: bfloat16 on a GPU (float16 without bf16), float32 on a CPU")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for torch")
+    parser.add_argument("--no-hf", action="store_true", help="skip transformers' own generate")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    for name in ("num_prompts", "tokens", "gamma", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device here")
+    torch.set_num_threads(args.threads)
+    try:
+        texts = read_prompts(args.prompts, args.num_prompts)
+        dtype = DTYPES[args.dtype] if args.dtype else None
+        started = time.perf_counter()
+        target = load_pretrained(args.target, args.device, dtype)
+        draft = load_pretrained(args.draft, target.device, target.dtype)
+        check_vocabularies(target, draft)
+        prompts = [target.encode(text) for text in texts]
+        for ids in prompts:
+            check_request(target, draft, ids, args.tokens, args.gamma)
+    except (FileNotFoundError, ValueError) as error:  # ModelNotFoundError is a FileNotFoundError
+        print(f"bench: {error}", file=sys.stderr)
+        return 2
+    print(f"target {target.name} ({target.num_params() / 1e6:.1f}M parameters), draft {draft.name} "
+          f"({draft.num_params() / 1e6:.1f}M), {target.device.type} {str(target.dtype).removeprefix('torch.')}, "
+          f"loaded in {time.perf_counter() - started:.1f} s; {len(prompts)} {args.prompts} prompts x {args.tokens} "
+          f"tokens, greedy, batch 1")
+    result = run(target, draft, prompts, args.tokens, args.gamma, not args.no_hf)
+    print(format_table(result))
+    memory = f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB host"
+    if target.device.type == "cuda":
+        memory += f", {torch.cuda.max_memory_allocated(target.device) / 2**30:.2f} GiB GPU"
+    print(memory)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({**result, "target": target.name, "draft": draft.name,
+                                         "device": target.device.type, "prompts": args.prompts,
+                                         "tokens": args.tokens, "gamma": args.gamma}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Your loop on real models, tested offline: the shipped checkpoints written as Hugging Face
+folders, loaded back by path through transformers' Auto classes, and driven by notebook 05's
+reference loop through :mod:`specdec.pretrained`."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from specdec import corpus, engine, tokenizer  # noqa: E402
+from specdec.bench import main as bench_main  # noqa: E402
+from specdec.bench_pretrained import read_prompts  # noqa: E402
+from specdec.checks.engine import SAMPLING_PARAMS, _check_rounds, shipped_pair, target_joint, tiny_pair  # noqa: E402
+from specdec.checks.stats import compare_frequencies  # noqa: E402
+from specdec.engine import RecordingModel, speculative_generate, target_only_generate  # noqa: E402
+from specdec.hf import byte_tokenizer, export_course_models, hf_generate, save_folder  # noqa: E402
+from specdec.model import KVCache, Llama, LlamaConfig  # noqa: E402
+from specdec.pretrained import ModelNotFoundError, PretrainedCache, PretrainedLM, load_pretrained  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return export_course_models(tmp_path_factory.mktemp("hf"))
+
+
+@pytest.fixture(scope="module")
+def pair(folders):
+    return load_pretrained(folders["target"]), load_pretrained(folders["draft"])
+
+
+def test_folders_load_through_the_auto_classes(folders, pair):
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {f.name for f in folders["target"].iterdir()}
+    assert AutoConfig.from_pretrained(folders["target"]).model_type == "llama"
+    text = "def f(x):\n    return x ** 2  # héllo ✓"
+    hf_tokenizer = AutoTokenizer.from_pretrained(folders["target"])
+    assert hf_tokenizer.encode(text, add_special_tokens=False) == tokenizer.encode(text)
+    assert hf_tokenizer.decode(tokenizer.encode(text)) == text
+    target, draft = pair
+    assert (target.config.vocab_size, target.config.max_seq_len) == (256, 512)
+    assert (target.device.type, target.dtype) == ("cpu", torch.float32)
+    assert target.encode(text) == tokenizer.encode(text) and target.decode(target.encode(text)) == text
+    ours, _ = shipped_pair()
+    ids = torch.tensor([tokenizer.encode(corpus.code_prompts(1)[0])])
+    logits = target(ids)  # (1, T, 256): float32 on the CPU whatever the model runs in; probs() makes float64
+    assert logits.dtype == torch.float32 and logits.device.type == "cpu"
+    assert torch.allclose(logits, ours(ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("task", ["code", "math"])
+def test_reference_loop_through_the_adapter_is_target_only_greedy_and_transformers_assisted(pair, task):
+    target, draft = pair
+    text = (corpus.code_prompts if task == "code" else corpus.math_prompts)(1)[0]
+    ids = target.encode(text)
+    ours, _ = shipped_pair()
+    expected = target_only_generate(ours, ids, 48)  # the course's own model, same weights
+    assert target_only_generate(target, ids, 48) == expected
+    t_rec, d_rec = RecordingModel(target, keep_logits=True), RecordingModel(draft)
+    assert speculative_generate(t_rec, d_rec, ids, 48, 4) == expected
+    _check_rounds(f"{task}, through the adapter", ids, 4, t_rec, d_rec, 48)  # every round's cache lengths
+    assert hf_generate(target.model, ids, 48, assistant_model=draft.model) == expected
+
+
+def test_sampling_through_the_adapter_follows_the_target_exactly(tmp_path):
+    """Notebook 05's enumeration: tokens 1-3 of 1500 seeded runs against the exact joint of the target
+    (computed with the course's model), for the adapter's target-only and speculative loops."""
+    target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
+    hf_target = load_pretrained(save_folder(target, tmp_path / "t", torch.float32, with_tokenizer=False))
+    hf_draft = load_pretrained(save_folder(draft, tmp_path / "d", torch.float32, with_tokenizer=False))
+    params, prompt = SAMPLING_PARAMS[1], [1, 2]
+    exact = target_joint(target, prompt, params)
+    g = torch.Generator().manual_seed(0)
+    for name, run in (("target_only_generate", lambda: target_only_generate(hf_target, prompt, 3, params, g)),
+                      ("speculative_generate", lambda: speculative_generate(hf_target, hf_draft, prompt, 3, 2, params, g))):
+        runs = [tuple(run()) for _ in range(1500)]
+        compare_frequencies(runs, exact, f"{name} through the adapter, 1500 seeded runs")
+
+
+def test_crop_rolls_back_in_place(pair):
+    target, _ = pair
+    ids = tokenizer.encode(corpus.code_prompts(1)[0])
+    cache = KVCache(target.config)
+    assert isinstance(cache, PretrainedCache) and cache.length == 0
+    target(torch.tensor([ids[:40]]), cache)
+    first = cache.cache.layers[0].keys
+    cache.crop(30)
+    assert cache.length == 30 == cache.cache.get_seq_length()
+    assert cache.cache.layers[0].keys.data_ptr() == first.data_ptr()  # a view of the same storage: no copy
+    resumed = target(torch.tensor([ids[30:40]]), cache)[0]
+    assert torch.allclose(resumed, target(torch.tensor([ids[:40]]))[0, 30:], atol=1e-5)
+    with pytest.raises(ValueError, match="cannot crop a cache of length 40 to 41"):
+        cache.crop(41)
+    with pytest.raises(NotImplementedError, match="tree masks"):
+        target(torch.tensor([ids[:3]]), KVCache(target.config), mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="KVCache\\(model.config\\) of this model"):
+        target(torch.tensor([ids[:3]]), KVCache(shipped_pair()[0].config))
+
+
+def test_a_vocabulary_mismatch_names_both_sizes_and_universal_assisted_generation(tmp_path):
+    torch.manual_seed(0)
+    small = LlamaConfig(vocab_size=6, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
+    target = load_pretrained(save_folder(Llama(small), tmp_path / "t", with_tokenizer=False))
+    draft = load_pretrained(save_folder(Llama(LlamaConfig(**{**small.to_dict(), "vocab_size": 8})), tmp_path / "d",
+                                        with_tokenizer=False))
+    for attempt in (lambda: speculative_generate(target, draft, [1, 2], 4, 2),
+                    lambda: engine.SpeculativeEngine(target, draft)):
+        with pytest.raises(ValueError, match=r"draft scores 8 token ids, the target 6.*Universal Assisted Generation"):
+            attempt()
+    # Same size, different tokens: two ids swapped.
+    ours = Llama(LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64))
+    model = load_pretrained(save_folder(ours, tmp_path / "bytes")).model
+    swapped = byte_tokenizer()
+    vocab = swapped.backend_tokenizer.get_vocab()
+    a, b = (t for t, i in vocab.items() if i in (97, 98))
+    swapped.backend_tokenizer.model = type(swapped.backend_tokenizer.model)(vocab={**vocab, a: vocab[b], b: vocab[a]},
+                                                                              merges=[])
+    with pytest.raises(ValueError, match="map ids to different tokens.*Universal Assisted Generation"):
+        engine.check_vocabularies(PretrainedLM(model, byte_tokenizer()), PretrainedLM(model, swapped))
+
+
+def test_bench_on_local_folders(folders, capsys, tmp_path):
+    out = tmp_path / "r.json"
+    assert bench_main(["--target", str(folders["target"]), "--draft", str(folders["draft"]), "--prompts", "math",
+                       "--num-prompts", "1", "--tokens", "24", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    for method in ("target only", "speculative (gamma 4)", "hf greedy", "hf assisted (gamma 4)"):
+        assert method in table
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert all(r["identical"] == "1/1" for r in rows.values())
+    assert 0 < rows["speculative (gamma 4)"]["acceptance"] <= 1
+
+
+def test_a_hub_name_without_network_fails_at_once(tmp_path):
+    """The hub is refused (a closed local port stands in for a machine without network), the cache is empty."""
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "specdec.bench", "--target", "Qwen/Qwen2.5-1.5B", "--draft",
+                           "Qwen/Qwen2.5-0.5B"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2 and time.perf_counter() - start < 30
+    assert "could not be found locally" in done.stderr and "hf download Qwen/Qwen2.5-1.5B" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_paths_and_prompt_files_get_clear_errors(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no model folder at ./missing"):
+        load_pretrained("./missing")
+    with pytest.raises(ModelNotFoundError, match="holds no config.json"):
+        load_pretrained(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a\\nb"}\n"c"\n')
+    (tmp_path / "p.txt").write_text("one\\ntwo\n\nthree\n")
+    assert read_prompts(str(tmp_path / "p.jsonl"), 5) == ["a\nb", "c"]
+    assert read_prompts(str(tmp_path / "p.txt"), 1) == ["one\ntwo"]
+    with pytest.raises(FileNotFoundError, match="code, math or a file"):
+        read_prompts("poetry", 2)
+
