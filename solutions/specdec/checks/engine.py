@@ -357,12 +357,15 @@ def target_joint_after_first(target: Llama, prompt: list[int], params: SamplingP
     return joint
 
 
-def _check_sampling(fn: Callable, name: str, n: int = 1500) -> None:
+def _check_sampling(fn: Callable, name: str, n: int = 1500, through: Callable | None = None) -> None:
+    """``through``: runs ``fn`` on ``through(model)`` instead of each model (the same weights behind another
+    implementation, :mod:`specdec.pretrained`); the exact joint is always the course model's."""
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2]
     exact = target_joint(target, prompt, params)
     g = torch.Generator().manual_seed(0)
     models = (target,) if name == "target_only_generate" else (target, draft)
+    models = tuple(map(through, models)) if through is not None else models
     gamma = () if name == "target_only_generate" else (2,)
     label = f"{name}(small random models, prompt={prompt}, n_tokens=3{', gamma=2' if gamma else ''}, params={params})"
     runs = []
