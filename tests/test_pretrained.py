@@ -124,11 +124,16 @@ def test_bench_on_local_folders(folders, capsys, tmp_path):
     assert bench_main(["--target", str(folders["target"]), "--draft", str(folders["draft"]), "--prompts", "math",
                        "--num-prompts", "1", "--tokens", "24", "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    for method in ("target only", "speculative (gamma 4)", "hf greedy", "hf assisted (gamma 4)"):
-        assert method in table
+    methods = ("target only", "speculative (gamma 4)", "prompt lookup (gamma 4)", "hf greedy", "hf assisted (gamma 4)",
+               "hf prompt lookup (gamma 4)")
+    assert all(method in table for method in methods) and "c = " in table
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
-    assert all(r["identical"] == "1/1" for r in rows.values())
-    assert 0 < rows["speculative (gamma 4)"]["acceptance"] <= 1
+    assert set(rows) == set(methods) and all(r["identical"] == "1/1" for r in rows.values())
+    assert 0 < rows["speculative (gamma 4)"]["acceptance"] <= 1 and rows["speculative (gamma 4)"]["tokens_per_round"] > 1
+    # Without a draft: target-only and prompt lookup.
+    assert bench_main(["--target", str(folders["target"]), "--prompts", "code", "--num-prompts", "1", "--tokens",
+                       "16", "--no-hf", "--json", str(out)]) == 0
+    assert [r["method"] for r in json.loads(out.read_text())["rows"]] == ["target only", "prompt lookup (gamma 4)"]
 
 
 def test_a_hub_name_without_network_fails_at_once(tmp_path):

@@ -6,8 +6,10 @@ new tokens (end-of-text tokens do not stop anyone, so all are timed on equal wor
 
 - ``target only``: the course's target-only loop (notebook 05) through :mod:`specdec.pretrained`;
 - ``speculative``: the course's ``speculative_generate`` (the reference of notebook 05) on the pair;
-- ``hf greedy`` and ``hf assisted`` (unless ``--no-hf``): transformers' own ``generate``, plain and
-  with ``assistant_model=draft`` and a constant ``gamma`` drafts per round.
+- ``prompt lookup``: notebook 06's n-gram proposals, no draft model (the only method without --draft);
+- ``hf greedy``, ``hf assisted`` and ``hf prompt lookup`` (unless ``--no-hf``): transformers' own
+  ``generate``: plain, with ``assistant_model=draft`` (a constant gamma drafts per round), and with
+  ``prompt_lookup_num_tokens=gamma``.
 
 It prints one table: tokens/s, the speedup over the same implementation's target-only decoding,
 acceptance and tokens per target forward, whether the output equals target-only greedy, and the
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec import corpus
-from specdec.engine import SpeculativeEngine, check_request, check_vocabularies
+from specdec.engine import Generation, SpeculativeEngine, check_request, check_vocabularies
 from specdec.pretrained import PretrainedLM, load_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,66 +72,77 @@ def _timed_hf(model: PretrainedLM, ids: list[int], n_tokens: int, **kwargs) -> t
     return out, time.perf_counter() - start
 
 
-def run(target: PretrainedLM, draft: PretrainedLM, prompts: list[list[int]], n_tokens: int, gamma: int,
+def run(target: PretrainedLM, draft: PretrainedLM | None, prompts: list[list[int]], n_tokens: int, gamma: int,
         with_hf: bool) -> dict:
-    """Every method on every prompt (after one warm-up of each); totals per method."""
+    """Every method on every prompt (after one warm-up pass); totals per method. Without a draft: target-only
+    and prompt lookup."""
     engine = SpeculativeEngine(target, draft)
-    methods = ["target only", f"speculative (gamma {gamma})"]
+    methods = {"target only": lambda ids: engine.generate_target_only(ids, n_tokens)}
+    if draft is not None:
+        methods[f"speculative (gamma {gamma})"] = lambda ids: engine.generate(ids, n_tokens, gamma)
+    methods[f"prompt lookup (gamma {gamma})"] = lambda ids: engine.generate_lookup(ids, n_tokens, gamma)
     if with_hf:
-        config = draft.model.generation_config  # the assistant: gamma drafts every round, none skipped
-        config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
-        config.assistant_confidence_threshold = 0.0
-        methods += ["hf greedy", f"hf assisted (gamma {gamma})"]
-    totals = {m: {"seconds": 0.0, "tokens": 0, "identical": 0, "accepted": 0, "proposed": 0, "rounds": 0,
-                  "draft_s": 0.0, "draft_forwards": 0} for m in methods}
-    target_step = 0.0
+        methods["hf greedy"] = lambda ids: _timed_hf(target, ids, n_tokens)
+        if draft is not None:
+            config = draft.model.generation_config  # the assistant: gamma drafts every round, none skipped
+            config.num_assistant_tokens, config.num_assistant_tokens_schedule = gamma, "constant"
+            config.assistant_confidence_threshold = 0.0
+            methods[f"hf assisted (gamma {gamma})"] = lambda ids: _timed_hf(target, ids, n_tokens,
+                                                                            assistant_model=draft.model)
+        methods[f"hf prompt lookup (gamma {gamma})"] = lambda ids: _timed_hf(target, ids, n_tokens,
+                                                                             prompt_lookup_num_tokens=gamma)
+    totals = {m: {"seconds": 0.0, "tokens": 0, "identical": 0, "accepted": 0, "proposed": 0, "committed": 0,
+                  "rounds": 0} for m in methods}
+    target_s = draft_s = 0.0
+    draft_forwards = 0
     for i, ids in enumerate([prompts[0]] + prompts):  # the first pass warms up and is not counted
-        base = engine.generate_target_only(ids, n_tokens)
-        spec = engine.generate(ids, n_tokens, gamma)
-        outputs = {methods[0]: (base.tokens, base.wall_s), methods[1]: (spec.tokens, spec.wall_s)}
-        if with_hf:
-            outputs[methods[2]] = _timed_hf(target, ids, n_tokens)
-            outputs[methods[3]] = _timed_hf(target, ids, n_tokens, assistant_model=draft.model)
+        results = {method: measure(ids) for method, measure in methods.items()}
         if i == 0:
             continue
-        target_step += (base.wall_s - base.prefill_s) / n_tokens
-        for method, (tokens, seconds) in outputs.items():
+        base = results["target only"]
+        target_s += (base.wall_s - base.prefill_s) / n_tokens
+        for method, result in results.items():
             t = totals[method]
+            tokens, seconds = (result.tokens, result.wall_s) if isinstance(result, Generation) else result
             t["seconds"] += seconds
             t["tokens"] += len(tokens)
             t["identical"] += tokens == base.tokens
-        s = totals[methods[1]]
-        s["accepted"] += sum(r.accepted for r in spec.rounds)
-        s["proposed"] += sum(r.proposed for r in spec.rounds)
-        s["rounds"] += len(spec.rounds)
-        s["draft_s"] += sum(r.draft_s for r in spec.rounds)
-        s["draft_forwards"] += gamma * len(spec.rounds)
-    s = totals[methods[1]]
-    draft_step = s["draft_s"] / s["draft_forwards"] if s["draft_forwards"] else float("nan")
+            if isinstance(result, Generation) and result.rounds:
+                t["accepted"] += sum(r.accepted for r in result.rounds)
+                t["proposed"] += sum(r.proposed for r in result.rounds)
+                t["committed"] += sum(r.committed for r in result.rounds)
+                t["rounds"] += len(result.rounds)
+                if method.startswith("speculative"):
+                    draft_s += sum(r.draft_s for r in result.rounds)
+                    draft_forwards += gamma * len(result.rounds)
     rows = []
-    for method in methods:
-        t = totals[method]
+    for method, t in totals.items():
         own_base = totals["hf greedy" if method.startswith("hf") else "target only"]
         rows.append({
             "method": method, "tokens_per_s": t["tokens"] / t["seconds"],
             "speedup": own_base["seconds"] / t["seconds"],
             "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else None,
-            "tokens_per_round": t["tokens"] / t["rounds"] if t["rounds"] else None,
+            "tokens_per_round": t["committed"] / t["rounds"] if t["rounds"] else None,
             "identical": f"{t['identical']}/{len(prompts)}",
         })
-    return {"rows": rows, "target_step_ms": 1000 * target_step / len(prompts), "draft_step_ms": 1000 * draft_step,
-            "c": draft_step / (target_step / len(prompts))}
+    target_step = target_s / len(prompts)
+    draft_step = draft_s / draft_forwards if draft_forwards else None
+    return {"rows": rows, "target_step_ms": 1000 * target_step,
+            "draft_step_ms": 1000 * draft_step if draft_step else None,
+            "c": draft_step / target_step if draft_step else None}
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'method':<26} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'tok/fwd':>8} {'= target-only':>14}"]
+    lines = [f"{'method':<30} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'tok/fwd':>8} {'= target-only':>14}"]
     for r in result["rows"]:
         accept = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
         per_round = f"{r['tokens_per_round']:.2f}" if r["tokens_per_round"] is not None else "-"
-        lines.append(f"{r['method']:<26} {r['tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {accept:>7} {per_round:>8} "
+        lines.append(f"{r['method']:<30} {r['tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {accept:>7} {per_round:>8} "
                      f"{r['identical']:>14}")
-    lines.append(f"target step {result['target_step_ms']:.2f} ms, draft step {result['draft_step_ms']:.2f} ms: "
-                 f"c = {result['c']:.2f}  (speedups: against the same implementation's target-only decoding)")
+    costs = f"target step {result['target_step_ms']:.2f} ms"
+    if result["c"] is not None:
+        costs += f", draft step {result['draft_step_ms']:.2f} ms: c = {result['c']:.2f}"
+    lines.append(costs + " (each speedup is over the same implementation's target-only decoding)")
     return "\n".join(lines)
 
 
@@ -137,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.bench --target ... --draft ...",
                                      description="Speculative decoding on a Hugging Face target/draft pair.")
     parser.add_argument("--target", required=True, help="local model folder or hub name (e.g. Qwen/Qwen2.5-1.5B)")
-    parser.add_argument("--draft", required=True, help="local model folder or hub name sharing the target's tokenizer")
+    parser.add_argument("--draft", help="local model folder or hub name sharing the target's tokenizer (without: "
+                                        "target-only and prompt lookup only)")
     parser.add_argument("--prompts", default="code", help="code, math, or a file (.jsonl or one prompt per line)")
     parser.add_argument("--num-prompts", type=int, default=4, help="how many prompts (default 4)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
@@ -160,16 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         dtype = DTYPES[args.dtype] if args.dtype else None
         started = time.perf_counter()
         target = load_pretrained(args.target, args.device, dtype)
-        draft = load_pretrained(args.draft, target.device, target.dtype)
-        check_vocabularies(target, draft)
+        draft = load_pretrained(args.draft, target.device, target.dtype) if args.draft else None
+        if draft is not None:
+            check_vocabularies(target, draft)
         prompts = [target.encode(text) for text in texts]
         for ids in prompts:
             check_request(target, draft, ids, args.tokens, args.gamma)
     except (FileNotFoundError, ValueError) as error:  # ModelNotFoundError is a FileNotFoundError
         print(f"bench: {error}", file=sys.stderr)
         return 2
-    print(f"target {target.name} ({target.num_params() / 1e6:.1f}M parameters), draft {draft.name} "
-          f"({draft.num_params() / 1e6:.1f}M), {target.device.type} {str(target.dtype).removeprefix('torch.')}, "
+    drafting = f"draft {draft.name} ({draft.num_params() / 1e6:.1f}M)" if draft else "no draft"
+    print(f"target {target.name} ({target.num_params() / 1e6:.1f}M parameters), {drafting}, {target.device.type} {str(target.dtype).removeprefix('torch.')}, "
           f"loaded in {time.perf_counter() - started:.1f} s; {len(prompts)} {args.prompts} prompts x {args.tokens} "
           f"tokens, greedy, batch 1")
     result = run(target, draft, prompts, args.tokens, args.gamma, not args.no_hf)
@@ -180,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     print(memory)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({**result, "target": target.name, "draft": draft.name,
+        args.json.write_text(json.dumps({**result, "target": target.name, "draft": draft.name if draft else None,
                                          "device": target.device.type, "prompts": args.prompts,
                                          "tokens": args.tokens, "gamma": args.gamma}, indent=1))
     return 0
