@@ -126,7 +126,7 @@ class PretrainedLM:
             raise ValueError(f"tokens must be a (B, T) tensor of token ids, got {tuple(tokens.shape)} {tokens.dtype}")
         if cache is None:
             out = self.model(input_ids=tokens.to(self.device), use_cache=False)
-            return out.logits.float().cpu()
+            return out.logits.cpu().float()
         if not isinstance(cache, PretrainedCache):
             raise TypeError(f"{self.name}: the cache must come from KVCache(model.config) of this model, got "
                             f"{type(cache).__name__}")
@@ -140,13 +140,14 @@ class PretrainedLM:
                              f"context of {min(cache.max_len, self.config.max_seq_len)}")
         out = self.model(input_ids=tokens.to(self.device), past_key_values=cache.cache, use_cache=True)
         cache.advance(tokens.shape[1])
-        return out.logits.float().cpu()  # (B, T, V); the copy waits for the device
+        return out.logits.cpu().float()  # (B, T, V); the copy to the host waits for the device
 
     def encode(self, text: str) -> list[int]:
-        """Text -> token ids, without special tokens (the loops continue raw text)."""
+        """Text -> token ids as the tokenizer gives them to ``generate`` (with a beginning-of-text token where the
+        model's tokenizer adds one, as Llama 3's does; the course's bytes have none)."""
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer: pass token ids")
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text)
 
     def decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
