@@ -63,3 +63,18 @@ def test_bad_input():
     cache = KVCache(CONFIG, max_len=8)
     with pytest.raises(ValueError, match="KV cache overflow"):
         model(torch.zeros(1, 9, dtype=torch.long), cache)
+
+
+def test_a_cache_copies_and_pickles():
+    """copy.deepcopy and pickle build a KVCache with __new__(cls) and no config (notebook 12's checks copy caches)."""
+    import copy
+    import pickle
+
+    config = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=16)
+    cache = KVCache(config)
+    cache.write(0, torch.ones(1, 1, 3, 16), torch.ones(1, 1, 3, 16))
+    cache.advance(3)
+    for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert type(twin) is KVCache and twin.length == 3 and torch.equal(twin.k, cache.k)
+        twin.crop(1)
+        assert cache.length == 3

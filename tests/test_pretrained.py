@@ -158,4 +158,73 @@ def test_bad_paths_and_prompt_files_get_clear_errors(tmp_path):
     assert read_prompts(str(tmp_path / "p.txt"), 1) == ["one\ntwo"]
     with pytest.raises(FileNotFoundError, match="code, math or a file"):
         read_prompts("poetry", 2)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl: expected non-empty prompts"):
+        read_prompts(str(tmp_path / "bad.jsonl"), 5)
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match="broken.jsonl, line 2: not JSON"):
+        read_prompts(str(tmp_path / "broken.jsonl"), 5)
+    for device in ("gpu", "mps"):
+        with pytest.raises(SystemExit):
+            bench_main(["--target", "x", "--device", device])
 
+
+
+def test_setting_length_crops_and_recurrent_states_refuse_to_roll_back(pair):
+    target, _ = pair
+    cache = KVCache(target.config)
+    target(torch.tensor([list(range(97, 117))]), cache)
+    cache.length = 12  # how a learner may roll back the course's cache: the same crop here
+    assert cache.cache.get_seq_length() == 12
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    from specdec.hf import quiet_transformers
+
+    hybrid = Qwen3NextConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_value_heads=2,
+                             linear_num_key_heads=1, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=2,
+                             num_experts_per_tok=1, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                             layer_types=["linear_attention", "full_attention"])
+    with quiet_transformers():
+        model = PretrainedLM(AutoModelForCausalLM.from_config(hybrid))
+        cache = KVCache(model.config)
+        model(torch.tensor([[1, 2, 3, 4, 5, 6]]), cache)
+    with pytest.raises(NotImplementedError, match="recurrent states"):
+        cache.crop(3)  # a recurrent state cannot be cropped: refusing beats a silently wrong continuation
+
+
+def test_a_draft_padded_differently_shares_the_vocabulary(folders, pair, tmp_path):
+    """Same tokenizer, LM heads of 256 and 320 rows (Qwen2.5-7B against 0.5B, in small): the logits are cut
+    to 256, every token is still there, and the output is the target's."""
+    from specdec.pretrained import share_vocabulary
+    from specdec.train import load_pair
+
+    _, course_draft = load_pair()
+    padded = Llama(LlamaConfig(**{**course_draft.config.to_dict(), "vocab_size": 320}))
+    state = course_draft.state_dict()
+    with torch.no_grad():
+        for name in ("embed_tokens.weight", "lm_head.weight"):
+            state[name] = torch.cat([state[name], torch.zeros(64, state[name].shape[1])])
+    padded.load_state_dict(state)
+    target, draft = load_pretrained(folders["target"]), load_pretrained(save_folder(padded, tmp_path / "padded"))
+    with pytest.raises(ValueError, match="only the LM heads' padding differs.*share_vocabulary"):
+        engine.check_vocabularies(target, draft)
+    assert share_vocabulary(target, draft) == 256 and draft.config.vocab_size == 256
+    ids = target.encode(corpus.math_prompts(1)[0])
+    assert speculative_generate(target, draft, ids, 32, 4) == target_only_generate(pair[0], ids, 32)
+
+
+def test_transformers_rows_ignore_the_checkpoints_generation_defaults(folders, tmp_path):
+    """A released model's generation_config may set an end-of-text token, a repetition penalty and sampling;
+    transformers' generate would apply them, so the hf rows are compared on plain greedy decoding."""
+    import shutil
+
+    for name in ("target", "draft"):
+        shutil.copytree(folders[name], tmp_path / name)
+        path = tmp_path / name / "generation_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "eos_token_id": 10, "repetition_penalty": 1.3,
+                                    "do_sample": True, "temperature": 0.7, "no_repeat_ngram_size": 3}))
+    out = tmp_path / "r.json"
+    assert bench_main(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts", "code",
+                       "--num-prompts", "2", "--tokens", "48", "--json", str(out)]) == 0
+    assert all(r["identical"] == "2/2" for r in json.loads(out.read_text())["rows"])

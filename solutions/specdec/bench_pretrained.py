@@ -31,7 +31,7 @@ import torch
 
 from specdec import corpus
 from specdec.engine import Generation, SpeculativeEngine, check_request, check_vocabularies
-from specdec.pretrained import PretrainedLM, load_pretrained
+from specdec.pretrained import PretrainedLM, load_pretrained, share_vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,14 +46,23 @@ def read_prompts(spec: str, n: int) -> list[str]:
     path = Path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"--prompts must be code, math or a file of prompts; {spec!r} is none of them")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if path.suffix == ".jsonl":
-        items = [json.loads(line) for line in lines]
-        prompts = [item["prompt"] if isinstance(item, dict) else item for item in items]
-    else:
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
+    if path.suffix != ".jsonl":
         prompts = [line.replace("\\n", "\n") for line in lines]
+    else:
+        prompts = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not JSON ({error})") from None
+            prompts.append(item.get("prompt") if isinstance(item, dict) else item)
     if not prompts or not all(isinstance(p, str) and p for p in prompts):
-        raise ValueError(f"{path}: expected non-empty prompts (text lines, or jsonl with a 'prompt' field)")
+        raise ValueError(f"{path}: expected non-empty prompts (text lines, or .jsonl lines that are strings or "
+                         "objects with a \"prompt\" string)")
     return prompts[:n]
 
 
@@ -166,8 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("num_prompts", "tokens", "gamma", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: no CUDA device here")
+    if args.device is not None:
+        try:
+            kind = torch.device(args.device).type
+        except RuntimeError:
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            parser.error(f"--device {args.device}: use cpu or cuda (cuda:N for one of several GPUs)")
+        if kind == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: no CUDA device here")
     torch.set_num_threads(args.threads)
     try:
         texts = read_prompts(args.prompts, args.num_prompts)
@@ -176,11 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         target = load_pretrained(args.target, args.device, dtype)
         draft = load_pretrained(args.draft, target.device, target.dtype) if args.draft else None
         if draft is not None:
+            width = share_vocabulary(target, draft)
+            if width is not None:
+                print(f"the two LM heads are padded differently; both are cut to the {width} ids that cover the shared "
+                      f"tokenizer's {len(target.tokenizer)} tokens")
             check_vocabularies(target, draft)
         prompts = [target.encode(text) for text in texts]
         for ids in prompts:
             check_request(target, draft, ids, args.tokens, args.gamma)
-    except (FileNotFoundError, ValueError) as error:  # ModelNotFoundError is a FileNotFoundError
+    except (OSError, ValueError) as error:  # ModelNotFoundError is an OSError; transformers raises OSError too
         print(f"bench: {error}", file=sys.stderr)
         return 2
     drafting = f"draft {draft.name} ({draft.num_params() / 1e6:.1f}M)" if draft else "no draft"

@@ -57,10 +57,13 @@ def check_vocabularies(target, draft) -> None:
               "family. For a pair that does not share one, transformers' Universal Assisted Generation translates "
               "the drafts through text: generate(..., assistant_model=draft, tokenizer=target_tokenizer, "
               "assistant_tokenizer=draft_tokenizer).")
+    fingerprints = getattr(t, "vocab_fingerprint", None), getattr(d, "vocab_fingerprint", None)
     if d.vocab_size != t.vocab_size:
+        if None not in fingerprints and fingerprints[0] == fingerprints[1]:
+            advice = ("Both use the same tokenizer, so only the LM heads' padding differs: "
+                      "specdec.pretrained.share_vocabulary(target, draft) cuts both to the common width.")
         raise ValueError(f"draft and target vocabularies differ: the draft scores {d.vocab_size} token ids, the target "
                          f"{t.vocab_size}. {advice}")
-    fingerprints = getattr(t, "vocab_fingerprint", None), getattr(d, "vocab_fingerprint", None)
     if None not in fingerprints and fingerprints[0] != fingerprints[1]:
         raise ValueError(f"draft and target vocabularies differ: both score {t.vocab_size} token ids, but their "
                          f"tokenizers map ids to different tokens. {advice}")

@@ -60,15 +60,23 @@ def to_transformers(model: Llama, attn_implementation: str = "sdpa") -> LlamaFor
 
 @torch.no_grad()
 def hf_generate(hf: LlamaForCausalLM, prompt: list[int], n_tokens: int, **kwargs) -> list[int]:
-    """Greedy generation of exactly n_tokens new tokens with transformers (batch 1).
+    """Greedy generation of exactly n_tokens new tokens with transformers (batch 1): plain argmax decoding,
+    like the course's loops. Nothing comes from the checkpoint's generation_config (a released model may set
+    an end-of-text token, a repetition penalty or sampling defaults there, which ``generate`` would apply).
 
     Extra keyword arguments go to ``generate``: ``assistant_model=`` for assisted
     generation, ``prompt_lookup_num_tokens=`` for prompt lookup.
     """
+    from transformers import GenerationConfig
+
     ids = torch.tensor([prompt], device=hf.device)
-    with quiet_transformers():  # assisted generation warns about its own internal call of generate
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tokens, min_new_tokens=n_tokens,
-                          do_sample=False, pad_token_id=0, **kwargs)
+    saved, hf.generation_config = hf.generation_config, GenerationConfig()  # generate fills gaps from the model's
+    try:
+        with quiet_transformers():  # assisted generation warns about its own internal call of generate
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tokens,
+                              min_new_tokens=n_tokens, do_sample=False, pad_token_id=0, **kwargs)
+    finally:
+        hf.generation_config = saved
     return out[0, len(prompt):].tolist()
 
 

@@ -49,7 +49,7 @@ class KVCache:
     loop written against this class runs unchanged on it.
     """
 
-    def __new__(cls, config, *args, **kwargs):
+    def __new__(cls, config=None, *args, **kwargs):  # config may be absent: copy and pickle call __new__(cls)
         cache_class = getattr(config, "cache_class", None)
         if cls is KVCache and cache_class is not None:
             return super().__new__(cache_class)

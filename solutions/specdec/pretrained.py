@@ -29,8 +29,9 @@ unreachable, fails at once with :class:`ModelNotFoundError`, which says how to g
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlparse
@@ -48,7 +49,7 @@ class ModelNotFoundError(FileNotFoundError):
 
 class PretrainedCache(KVCache):
     """A transformers ``DynamicCache`` with the course cache's ``length`` and ``crop``; batch 1 or more, one
-    length for every row."""
+    length for every row. Setting ``length`` lower crops, as on the course's cache."""
 
     def __init__(self, config: "PretrainedConfig", batch_size: int = 1, max_len: int | None = None,
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
@@ -58,21 +59,38 @@ class PretrainedCache(KVCache):
         self.max_len = max_len or config.max_seq_len
         self.batch_size = batch_size
         self.cache = DynamicCache(config=config.hf_config)
-        # Layers that keep only a window (sliding-window attention, linear-attention states) can be cropped
-        # back only while they record their past; plain attention layers keep everything anyway.
+        # Sliding-window layers keep only their window unless they record their past until the next crop;
+        # plain attention layers keep everything anyway.
         self.cache.activate_past_recording()
-        self.length = 0
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        if value < self._length:
+            self._roll_back(value)
+        self._length = value
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         raise TypeError("a PretrainedCache is written by the transformers model it belongs to, not layer by layer")
 
     def crop(self, length: int) -> None:
         """Roll back to the first ``length`` positions (DynamicCache.crop with the number to remove)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
-        if length < self.length:
-            self.cache.crop(-(self.length - length))
-        self.length = length
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot crop a cache of length {self._length} to {length}")
+        self._roll_back(length)
+        self._length = length
+
+    def _roll_back(self, length: int) -> None:
+        removed = self._length - length
+        if removed and not self.cache.is_croppable:
+            raise NotImplementedError(
+                "this model's cache holds recurrent states (linear attention or a state-space layer) that transformers "
+                "cannot roll back: speculative decoding on it needs a snapshot of those states per draft position")
+        self.cache.crop(-removed)  # even when removed == 0: sliding-window layers trim back to their window
 
 
 @dataclass(frozen=True)
@@ -126,7 +144,7 @@ class PretrainedLM:
             raise ValueError(f"tokens must be a (B, T) tensor of token ids, got {tuple(tokens.shape)} {tokens.dtype}")
         if cache is None:
             out = self.model(input_ids=tokens.to(self.device), use_cache=False)
-            return out.logits.cpu().float()
+            return self._logits(out)
         if not isinstance(cache, PretrainedCache):
             raise TypeError(f"{self.name}: the cache must come from KVCache(model.config) of this model, got "
                             f"{type(cache).__name__}")
@@ -140,7 +158,14 @@ class PretrainedLM:
                              f"context of {min(cache.max_len, self.config.max_seq_len)}")
         out = self.model(input_ids=tokens.to(self.device), past_key_values=cache.cache, use_cache=True)
         cache.advance(tokens.shape[1])
-        return out.logits.cpu().float()  # (B, T, V); the copy to the host waits for the device
+        return self._logits(out)
+
+    def _logits(self, out) -> torch.Tensor:
+        """(B, T, V) float32 on the host; the copy waits for the device."""
+        logits = out.logits
+        if self.config.vocab_size < logits.shape[-1]:
+            logits = logits[..., : self.config.vocab_size]
+        return logits.cpu().float()
 
     def encode(self, text: str) -> list[int]:
         """Text -> token ids as the tokenizer gives them to ``generate`` (with a beginning-of-text token where the
@@ -153,6 +178,22 @@ class PretrainedLM:
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer")
         return self.tokenizer.decode(ids)
+
+
+def share_vocabulary(target: PretrainedLM, draft: PretrainedLM) -> int | None:
+    """Cut both models' logits to their common width when they share a tokenizer and differ only in padding.
+
+    Checkpoints pad the LM head for faster matrix products (Qwen2.5-7B has 152,064 rows, 0.5B-3B 151,936, for a
+    tokenizer of about 151,665 tokens). The rows past the tokenizer are no token at all, so both models' logits
+    are cut to the smaller width, which still covers every token. Returns the new width, or None if nothing was
+    cut (the same width, or not the same tokenizer: engine.check_vocabularies then explains)."""
+    widths = target.config.vocab_size, draft.config.vocab_size
+    same = target.config.vocab_fingerprint is not None and target.config.vocab_fingerprint == draft.config.vocab_fingerprint
+    if widths[0] == widths[1] or not same or min(widths) < len(target.tokenizer):
+        return None
+    for model in (target, draft):
+        model.config = replace(model.config, vocab_size=min(widths))
+    return min(widths)
 
 
 def _fingerprint(tokenizer) -> str | None:
@@ -169,7 +210,7 @@ def default_device() -> torch.device:
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on a GPU that has it (float16 otherwise); float32 on a CPU."""
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.float32
 
 
@@ -183,7 +224,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
     if constants.HF_HUB_OFFLINE:
         return False
-    url = urlparse(constants.ENDPOINT)
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlparse(proxy or constants.ENDPOINT)  # behind a proxy, the proxy is what must answer
     try:
         with socket.create_connection((url.hostname, url.port or 443), timeout=timeout):
             return True
