@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -52,16 +54,30 @@ def split_hidden(source: str) -> tuple[str, str]:
 @pytest.fixture(scope="session")
 def roundtrip(tmp_path_factory) -> dict[tuple[str, str], list[course.CellGrade]]:
     """Autograde every source notebook (as student 'solution') and every student notebook
-    (as student 'blank') in one scratch course; grades by (slug, student)."""
-    root = course.make_course(tmp_path_factory.mktemp("course"), SLUGS)
-    grades = {}
-    for slug in SLUGS:
-        released = course.generate(root, slug)
-        course.submit(root, slug, "solution", source_path(slug))
-        course.submit(root, slug, "blank", student_path(slug))
-        assert read(released).cells, f"nbgrader released an empty {slug}"
-        course.autograde(root, slug)
-        for student in ("solution", "blank"):
-            grades[slug, student] = course.read_grades(root, slug, student)
-    shutil.rmtree(root, ignore_errors=True)
+    (as student 'blank'); grades by (slug, student). Two graders run side by side, each in its
+    own scratch course (its own gradebook) with one torch thread per kernel, taking the next
+    notebook when they finish one."""
+    pending, grades, lock = list(SLUGS), {}, threading.Lock()
+
+    def worker(root: Path) -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                slug = pending.pop(0)
+            course.make_course(root, [slug])
+            released = course.generate(root, slug)
+            course.submit(root, slug, "solution", source_path(slug))
+            course.submit(root, slug, "blank", student_path(slug))
+            assert read(released).cells, f"nbgrader released an empty {slug}"
+            course.autograde(root, slug, threads=1)
+            for student in ("solution", "blank"):
+                grades[slug, student] = course.read_grades(root, slug, student)
+
+    roots = [tmp_path_factory.mktemp(f"course{i}") for i in range(2)]
+    with ThreadPoolExecutor(len(roots)) as pool:
+        for done in [pool.submit(worker, root) for root in roots]:
+            done.result()
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)
     return grades

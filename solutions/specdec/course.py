@@ -49,18 +49,23 @@ def source_notebook(slug: str) -> Path:
     return SOURCE_DIR / slug / f"{slug}.ipynb"
 
 
-def nbgrader_env() -> dict[str, str]:
-    """The environment for nbgrader: this Python's bin/ first on PATH (it calls alembic)."""
+def nbgrader_env(threads: int | None = None) -> dict[str, str]:
+    """The environment for nbgrader: this Python's bin/ first on PATH (it calls alembic); with ``threads``, the
+    kernels' torch thread count (for graders running side by side)."""
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
-def run_nbgrader(course_root: Path, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+def run_nbgrader(course_root: Path, *args: str, timeout: float | None = None,
+                 threads: int | None = None) -> subprocess.CompletedProcess:
     """Run ``nbgrader ARGS`` with ``course_root`` as the course; raise with its log on failure."""
     cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course_root}"]
-    proc = subprocess.run(cmd, cwd=course_root, env=nbgrader_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=course_root, env=nbgrader_env(threads), capture_output=True, text=True,
+                          timeout=timeout)
     if proc.returncode != 0:
         raise NbgraderError(f"`nbgrader {' '.join(args)}` failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -97,10 +102,10 @@ CELL_TIMEOUT_S = 120
 
 
 def autograde(course_root: Path, slug: str, student: str = "*", timeout: float | None = None,
-              cell_timeout_s: float = CELL_TIMEOUT_S) -> None:
+              cell_timeout_s: float = CELL_TIMEOUT_S, threads: int | None = None) -> None:
     """``nbgrader autograde`` of one student, or of all ("*"); hidden tests restored from the source."""
     run_nbgrader(course_root, "autograde", slug, f"--student={student}", "--force",
-                 f"--Execute.timeout={int(cell_timeout_s)}", timeout=timeout)
+                 f"--Execute.timeout={int(cell_timeout_s)}", timeout=timeout, threads=threads)
 
 
 def timeout_message(cell_timeout_s: float) -> str:
