@@ -138,7 +138,8 @@ def test_bench_on_local_folders(folders, capsys, tmp_path):
 
 def test_a_hub_name_without_network_fails_at_once(tmp_path):
     """The hub is refused (a closed local port stands in for a machine without network), the cache is empty."""
-    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env = {name: value for name, value in os.environ.items() if name.lower() not in ("https_proxy", "http_proxy")}
+    env.update(HF_HOME=str(tmp_path), HF_ENDPOINT="http://127.0.0.1:9")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "specdec.bench", "--target", "Qwen/Qwen2.5-1.5B", "--draft",
                            "Qwen/Qwen2.5-0.5B"], capture_output=True, text=True, env=env, timeout=60)
