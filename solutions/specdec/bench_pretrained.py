@@ -31,6 +31,7 @@ import torch
 
 from specdec import corpus
 from specdec.engine import Generation, SpeculativeEngine, check_request, check_vocabularies
+from specdec.hf import hf_generate
 from specdec.pretrained import PretrainedLM, load_pretrained, share_vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,8 +73,6 @@ def _sync(model: PretrainedLM) -> None:
 
 
 def _timed_hf(model: PretrainedLM, ids: list[int], n_tokens: int, **kwargs) -> tuple[list[int], float]:
-    from specdec.hf import hf_generate
-
     _sync(model)
     start = time.perf_counter()
     out = hf_generate(model.model, ids, n_tokens, **kwargs)

@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from specdec.hf import quiet_transformers
 from specdec.model import KVCache
 
 DEFAULT_MAX_SEQ_LEN = 2048  # for a config that states no context length
@@ -57,7 +58,6 @@ class PretrainedCache(KVCache):
 
         # dtype and device follow the model (transformers allocates on the first forward).
         self.max_len = max_len or config.max_seq_len
-        self.batch_size = batch_size
         self.cache = DynamicCache(config=config.hf_config)
         # Sliding-window layers keep only their window unless they record their past until the next crop;
         # plain attention layers keep everything anyway.
@@ -102,10 +102,6 @@ class PretrainedConfig:
     hf_config: Any  # the transformers PretrainedConfig
     vocab_fingerprint: str | None = None  # sha1 of the tokenizer's id -> token map (engine.check_vocabularies)
     cache_class: ClassVar[type] = PretrainedCache  # what KVCache(config) builds
-
-    @property
-    def n_layers(self) -> int:
-        return self.hf_config.num_hidden_layers
 
 
 class PretrainedLM:
@@ -269,8 +265,6 @@ def load_pretrained(name_or_path: str, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None) -> PretrainedLM:
     """A local folder or hub name -> :class:`PretrainedLM` (model and tokenizer) on ``device`` in ``dtype``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from specdec.hf import quiet_transformers
 
     where, local = locate(str(name_or_path))
     device = torch.device(device) if device is not None else default_device()
