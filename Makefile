@@ -13,13 +13,14 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook heads bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test nbval test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine)"
 	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
 	@echo "make test     set up on first use, then run the whole test suite"
+	@echo "make nbval    run instructor notebooks top to bottom in-process (NB=05 for one; authors)"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
@@ -45,12 +46,16 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 lab: $(STAMP)
-	@$(BIN)/python -m specdec.release --missing
+	@$(BIN)/python -m specdec.course.release --missing
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) \
 		$(if $(filter no,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP)
+	$(BIN)/ruff check solutions tests tests_ui
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+nbval: $(STAMP)
+	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" --nbval-lax $(if $(NB),$(wildcard grader/source/$(NB)*/*.ipynb),grader/source)
 
 UI_STAMP := $(VENV)/.installed-ui
 $(UI_STAMP): $(STAMP)
@@ -62,51 +67,51 @@ test-ui: $(UI_STAMP)
 	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" tests_ui
 
 release: $(STAMP)
-	$(BIN)/python -m specdec.release
+	$(BIN)/python -m specdec.course.release
 
 grade: $(STAMP)
-	@$(BIN)/python -m specdec.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),)
+	@$(BIN)/python -m specdec.course.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),)
 
 grade-cohort: $(STAMP)
 	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }
-	$(BIN)/python -m specdec.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)"
+	$(BIN)/python -m specdec.course.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)"
 
 models: $(STAMP)
-	$(BIN)/python -m specdec.train
-	$(BIN)/python -m specdec.train --heads
+	$(BIN)/python -m specdec.models.train
+	$(BIN)/python -m specdec.drafters.train
 
 heads: $(STAMP)
-	$(BIN)/python -m specdec.train --heads
+	$(BIN)/python -m specdec.drafters.train
 
 bench-drafters: $(STAMP)
-	$(BIN)/python -m specdec.bench_drafters
+	$(BIN)/python -m specdec.bench.drafters
 
 bench-drafters-notebook: $(STAMP)
-	$(BIN)/python -m specdec.bench_drafters --notebook-reference data/bench/nb12_drafters.json
+	$(BIN)/python -m specdec.bench.drafters --notebook-reference data/bench/nb12_drafters.json
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec.bench --hf
 
 hf-models: $(STAMP)
-	$(BIN)/python -m specdec.hf --out artifacts/hf
+	$(BIN)/python -m specdec.models.hf --out artifacts/hf
 
 bench-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench --notebook-reference data/bench/nb09_full.json
 
 bench-serve: $(STAMP)
-	$(BIN)/python -m specdec.bench_serve
+	$(BIN)/python -m specdec.bench.serve
 
 bench-serve-notebook: $(STAMP)
-	$(BIN)/python -m specdec.bench_serve --notebook-reference data/bench/nb11_serve.json
+	$(BIN)/python -m specdec.bench.serve --notebook-reference data/bench/nb11_serve.json
 
 bench-cohort: $(STAMP)
-	$(BIN)/python -m specdec.bench_cohort --copies 100 --workers 2
+	$(BIN)/python -m specdec.bench.cohort --copies 100 --workers 2
 
 bench-kernels: $(STAMP)
-	$(BIN)/python -m specdec.bench_kernels
+	$(BIN)/python -m specdec.bench.kernels
 
 bench-cells: $(STAMP)
-	$(BIN)/python -m specdec.bench_cells $(NB)
+	$(BIN)/python -m specdec.bench.cells $(NB)
 
 clean:
 	rm -rf .grades .pytest_cache .hypothesis

@@ -1,16 +1,19 @@
-"""Shared helpers: the course's notebooks, and one autograde round trip per test session."""
+"""Shared helpers: the course's notebooks, and one release and autograde round trip per test session."""
 
 from __future__ import annotations
 
+import ast
+import copy
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from specdec import course
+from specdec.course import driver as course
 from specdec.paths import NOTEBOOKS_DIR, SOURCE_DIR
 
 SLUGS = course.assignments()
@@ -51,13 +54,77 @@ def split_hidden(source: str) -> tuple[str, str]:
     return before + after, hidden
 
 
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Names a cell binds at its top level: assignments, definitions, imports, loop and with targets."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+    return bound
+
+
+def _used_names(tree: ast.AST) -> set[str]:
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+def prune_for_blank(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, int]:
+    """The student notebook without the code cells no graded cell depends on, and how many were dropped.
+
+    A blank skeleton scores zero whatever its demonstrations compute, so they need not run: every nbgrader
+    cell is kept, and so is every other code cell that binds a name a kept cell below it reads (transitively).
+    No graded cell can then fail for a name that pruning removed: it fails because the skeleton is blank."""
+    keep, needed = [True] * len(nb.cells), set()
+    for i in range(len(nb.cells) - 1, -1, -1):
+        cell = nb.cells[i]
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # a magic or shell line: keep it, it may set something up
+            continue
+        if not nbgrader_meta(cell) and not (_bound_names(tree) & needed):
+            keep[i] = False
+            continue
+        needed |= _used_names(tree)
+    pruned = copy.deepcopy(nb)
+    pruned.cells = [c for c, k in zip(nb.cells, keep) if k]
+    return pruned, keep.count(False)
+
+
+def cell_errors(notebook_path: Path) -> list[str]:
+    """Every error an executed notebook's code cells raised, as 'cell N: Name: message'."""
+    errors = []
+    for i, cell in enumerate(read(notebook_path).cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error":
+                errors.append(f"cell {i} ({nbgrader_meta(cell).get('grade_id', 'no grade_id')}): "
+                              f"{out.get('ename')}: {(out.get('evalue') or '').strip()[:300]}")
+    return errors
+
+
+@dataclass
+class RoundTrip:
+    """One nbgrader round trip per notebook: the released student notebook, the grades of the source
+    notebook (student "solution") and of the pruned blank one (student "blank"), and the errors the
+    executed source notebook raised outside graded cells (the notebook-runs check nbval used to make)."""
+
+    released: dict[str, nbformat.NotebookNode] = field(default_factory=dict)
+    grades: dict[tuple[str, str], list[course.CellGrade]] = field(default_factory=dict)
+    solution_errors: dict[str, list[str]] = field(default_factory=dict)
+    pruned_cells: dict[str, int] = field(default_factory=dict)
+
+
 @pytest.fixture(scope="session")
-def roundtrip(tmp_path_factory) -> dict[tuple[str, str], list[course.CellGrade]]:
-    """Autograde every source notebook (as student 'solution') and every student notebook
-    (as student 'blank'); grades by (slug, student). Two graders run side by side, each in its
-    own scratch course (its own gradebook) with one torch thread per kernel, taking the next
+def roundtrip(tmp_path_factory) -> RoundTrip:
+    """Release every notebook and autograde its source (full marks expected) and its pruned blank
+    student notebook (zero expected): each source notebook executes once. Two graders run side by side,
+    each in its own scratch course (its own gradebook) with one torch thread per kernel, taking the next
     notebook when they finish one."""
-    pending, grades, lock = list(SLUGS), {}, threading.Lock()
+    pending, result, lock = list(SLUGS), RoundTrip(), threading.Lock()
 
     def worker(root: Path) -> None:
         while True:
@@ -66,13 +133,17 @@ def roundtrip(tmp_path_factory) -> dict[tuple[str, str], list[course.CellGrade]]
                     return
                 slug = pending.pop(0)
             course.make_course(root, [slug])
-            released = course.generate(root, slug)
+            released = read(course.generate(root, slug))
+            assert released.cells, f"nbgrader released an empty {slug}"
+            blank, dropped = prune_for_blank(read(student_path(slug)))
             course.submit(root, slug, "solution", source_path(slug))
-            course.submit(root, slug, "blank", student_path(slug))
-            assert read(released).cells, f"nbgrader released an empty {slug}"
+            course.submit(root, slug, "blank", blank)
             course.autograde(root, slug, threads=1)
-            for student in ("solution", "blank"):
-                grades[slug, student] = course.read_grades(root, slug, student)
+            with lock:
+                result.released[slug], result.pruned_cells[slug] = released, dropped
+                result.solution_errors[slug] = cell_errors(root / "autograded" / "solution" / slug / f"{slug}.ipynb")
+                for student in ("solution", "blank"):
+                    result.grades[slug, student] = course.read_grades(root, slug, student)
 
     roots = [tmp_path_factory.mktemp(f"course{i}") for i in range(2)]
     with ThreadPoolExecutor(len(roots)) as pool:
@@ -80,4 +151,4 @@ def roundtrip(tmp_path_factory) -> dict[tuple[str, str], list[course.CellGrade]]
             done.result()
     for root in roots:
         shutil.rmtree(root, ignore_errors=True)
-    return grades
+    return result

@@ -8,6 +8,7 @@ import pytest
 from specdec import kernels  # noqa: F401  (first: it selects Triton's interpreter when there is no GPU)
 from specdec.checks import kernels as kernel_checks
 
+# isort: split
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 

@@ -14,18 +14,20 @@ import pytest
 import torch
 
 from specdec import engine
-from specdec.checks import analysis as analysis_checks
-from specdec.checks import chain as chain_checks
-from specdec.checks import engine as engine_checks
-from specdec.checks import greedy as greedy_checks
-from specdec.checks import ledger as ledger_checks
-from specdec.checks import lookup as lookup_checks
-from specdec.checks import pitfalls as pitfall_checks
-from specdec.checks import rejection as rejection_checks
-from specdec.checks import tree as tree_checks
-from specdec.engine import GREEDY
+from specdec.checks import (
+    analysis as analysis_checks,
+    chain as chain_checks,
+    engine as engine_checks,
+    greedy as greedy_checks,
+    ledger as ledger_checks,
+    lookup as lookup_checks,
+    pitfalls as pitfall_checks,
+    rejection as rejection_checks,
+    tree as tree_checks,
+)
 from specdec.greedy import PAD
-from specdec.model import KVCache
+from specdec.models.model import KVCache
+from specdec.params import GREEDY
 
 
 def _race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from specdec.bench import main
-from specdec.model import Llama, LlamaConfig
-from specdec.train import save
+from specdec.bench.speculative import main
+from specdec.models.checkpoints import save
+from specdec.models.model import Llama, LlamaConfig
 
 
 @pytest.fixture()
@@ -24,7 +24,9 @@ def test_bench_writes_results(models, tmp_path, capsys):
     assert main(args) == 0
     summary = json.loads((out / "bench.json").read_text())
     rows = summary["rows"]
-    assert {(r["task"], r["proposer"], r["gamma"]) for r in rows} == {(t, p, g) for t in ("code", "math") for p in ("draft", "lookup") for g in (1, 3)} | {(t, "tree", 4) for t in ("code", "math")}
+    assert ({(r["task"], r["proposer"], r["gamma"]) for r in rows}
+            == {(t, p, g) for t in ("code", "math") for p in ("draft", "lookup") for g in (1, 3)}
+            | {(t, "tree", 4) for t in ("code", "math")})
     assert all(r["identical"] and r["speedup"] > 0 and 0 <= r["acceptance"] <= 1 for r in rows)
     assert summary["peak_rss_mib"] > 0
     assert (out / "bench.csv").read_text().startswith("task,proposer,gamma")
@@ -52,7 +54,7 @@ def test_bench_prompt_longer_than_context(tmp_path, capsys):
 
 
 def test_notebook_sweep_measures_once_then_reads_its_cache(models, tmp_path, monkeypatch):
-    import specdec.bench as bench
+    import specdec.bench.speculative as bench
 
     monkeypatch.setitem(bench.WORKLOADS, "tiny", {"prompts": 1, "tokens": 6, "gammas": [2], "repeats": 1})
     cache = tmp_path / "cache" / "tiny.json"
@@ -67,7 +69,7 @@ def test_notebook_sweep_measures_once_then_reads_its_cache(models, tmp_path, mon
 
 def test_shipped_notebook_reference_matches_the_full_workload():
     """data/bench/nb09_full.json is what notebook 09 reads: the full workload's rows, every output identical."""
-    from specdec.bench import WORKLOADS
+    from specdec.bench.speculative import WORKLOADS
     from specdec.paths import DATA_DIR
 
     shipped = json.loads((DATA_DIR / "bench" / "nb09_full.json").read_text())
@@ -80,7 +82,7 @@ def test_shipped_notebook_reference_matches_the_full_workload():
 
 def test_notebook_reference_measures_the_control_draft_and_temperatures(models, tmp_path, monkeypatch):
     """--notebook-reference adds the undistilled control's runs and the acceptance at each temperature."""
-    import specdec.bench as bench
+    import specdec.bench.speculative as bench
 
     save(Llama(LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=512)),
          models / "draft_undistilled.safetensors")

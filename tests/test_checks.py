@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, pitfalls, rejection, tree
+from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, params, pitfalls, rejection, tree
+from specdec.checks import (
+    CheckFailure,
+    analysis as analysis_checks,
+    chain as chain_checks,
+    drafters as drafter_checks,
+    engine as engine_checks,
+    expect_close,
+    expect_equal,
+    greedy as greedy_checks,
+    kernels as kernel_checks,
+    ledger as ledger_checks,
+    lookup as lookup_checks,
+    pitfalls as pitfall_checks,
+    rejection as rejection_checks,
+    serving as serving_checks,
+    tree as tree_checks,
+)
 from specdec.drafters import dynamic_tree, eagle, medusa, memory
-from specdec.serving import adaptive, blocks, commit, scheduler
-from specdec.checks import CheckFailure, expect_close, expect_equal
-from specdec.checks import analysis as analysis_checks
-from specdec.checks import chain as chain_checks
-from specdec.checks import engine as engine_checks
-from specdec.checks import greedy as greedy_checks
-from specdec.checks import kernels as kernel_checks
-from specdec.checks import ledger as ledger_checks
-from specdec.checks import lookup as lookup_checks
-from specdec.checks import pitfalls as pitfall_checks
-from specdec.checks import rejection as rejection_checks
-from specdec.checks import drafters as drafter_checks
-from specdec.checks import serving as serving_checks
-from specdec.checks import tree as tree_checks
 from specdec.mistakes import catalogue, for_exercise
+from specdec.serving import adaptive, blocks, commit, scheduler
 
 # exercise (function name) -> (reference, how to run its check on one implementation)
 RUN_CHECK = {
@@ -50,7 +54,7 @@ RUN_CHECK = {
     "propose": (engine.propose, engine_checks.check_propose),
     "rollback": (engine.rollback, engine_checks.check_rollback),
     "speculative_generate": (engine.speculative_generate, engine_checks.check_speculative_generate),
-    "accept_until_stop": (engine.accept_until_stop, engine_checks.check_accept_until_stop),
+    "accept_until_stop": (params.accept_until_stop, engine_checks.check_accept_until_stop),
     "generate_until_stop": (engine.generate_until_stop, engine_checks.check_generate_until_stop),
     "find_match": (lookup.find_match, lookup_checks.check_find_match),
     "propose_ngram": (lookup.propose_ngram, lookup_checks.check_propose_ngram),
@@ -167,7 +171,8 @@ def test_message_shows_the_input():
     def count_params(cfg):
         return ledger.count_params(cfg) + 1
 
-    with pytest.raises(CheckFailure, match=r"count_params\(llama-2-7b: vocab 32000, d_model 4096.*expected 6,738,415,616, got 6,738,415,617"):
+    with pytest.raises(CheckFailure, match=r"count_params\(llama-2-7b: vocab 32000, d_model 4096"
+                                           r".*expected 6,738,415,616, got 6,738,415,617"):
         ledger_checks.check_count_params(count_params)
 
 
@@ -175,7 +180,8 @@ def test_visible_helpers_name_the_likely_mistake():
     def expected_tokens_per_round(a, gamma):
         return ledger.expected_tokens_per_round(a, gamma) - 1
 
-    with pytest.raises(CheckFailure, match=r"expected_tokens_per_round\(0.8, 4\): expected 3.3616.*got 2.3616.*only accepted drafts"):
+    with pytest.raises(CheckFailure, match=r"expected_tokens_per_round\(0.8, 4\): expected 3.3616"
+                                           r".*got 2.3616.*only accepted drafts"):
         expect_close(expected_tokens_per_round, (0.8, 4), 3.3616)
     with pytest.raises(CheckFailure, match="return an int"):
         expect_equal(lambda: 8.0, (), 8, label="best_gamma(...)")

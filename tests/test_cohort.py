@@ -12,9 +12,9 @@ import time
 
 import nbformat
 import pytest
-from conftest import read, source_path, student_path
 
-from specdec import cohort
+from conftest import read, source_path, student_path
+from specdec.course import cohort
 from specdec.paths import REPO_ROOT
 
 SLUG = "02_greedy_verify"
@@ -113,7 +113,8 @@ def test_good_and_repaired_submissions_get_full_marks(graded):
 def test_unreadable_and_foreign_notebooks_are_named_not_graded(graded):
     totals, out = graded
     assert "not valid JSON" in totals["broken_json"]["messages"] and totals["broken_json"]["graded"] == "False"
-    assert "not a valid notebook" in totals["not_a_notebook"]["messages"] or "not a notebook" in totals["not_a_notebook"]["messages"]
+    assert ("not a valid notebook" in totals["not_a_notebook"]["messages"]
+            or "not a notebook" in totals["not_a_notebook"]["messages"])
     assert "notebook of 03_rejection_sampling" in totals["other_notebook"]["messages"]
     assert "99_unknown" in (out / "report.txt").read_text()
 
@@ -132,7 +133,8 @@ def test_a_stuck_or_crashing_answer_loses_only_its_own_points(graded):
 
 def test_tampering_is_flagged_and_cannot_reach_the_course(graded):
     totals, _ = graded
-    assert totals["patches_checks"]["flagged"] == "True" and "assigns to an attribute of checks" in totals["patches_checks"]["messages"]
+    assert (totals["patches_checks"]["flagged"] == "True"
+            and "assigns to an attribute of checks" in totals["patches_checks"]["messages"])
     assert totals["writes_course"]["flagged"] == "True"
     assert _score(totals, "correct") == FULL  # graded beside them, unaffected
 

@@ -7,9 +7,9 @@ import torch
 
 from specdec.checks.engine import tiny_pair
 from specdec.drafts import expected_acceptance, quantised_copy
-from specdec.engine import SamplingParams
+from specdec.models.checkpoints import load
+from specdec.params import SamplingParams
 from specdec.paths import DATA_DIR
-from specdec.train import load
 
 
 def test_expected_acceptance_is_sum_min_and_greedy_agreement():

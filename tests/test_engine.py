@@ -7,8 +7,9 @@ import torch
 
 from specdec.checks.engine import target_joint, tiny_pair
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import SamplingParams, SpeculativeEngine
-from specdec.model import Llama, LlamaConfig
+from specdec.models.model import Llama, LlamaConfig
+from specdec.params import SamplingParams
+from specdec.recording import SpeculativeEngine
 
 
 def _pair(vocab: int = 32, noise: float = 0.3, seed: int = 0) -> tuple[Llama, Llama]:
@@ -83,7 +84,7 @@ def test_bad_input():
 
 
 def test_unknown_or_mismatched_checkpoints(tmp_path):
-    from specdec.train import load, load_pair, save
+    from specdec.models.checkpoints import load, load_pair, save
 
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load(tmp_path / "nowhere.safetensors")

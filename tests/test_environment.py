@@ -1,8 +1,8 @@
 """One list of dependencies: pyproject.toml. environment.yml and the Makefile only install it."""
 
 import re
-import tomllib
 
+import tomllib
 import yaml
 
 from specdec.paths import REPO_ROOT
@@ -13,7 +13,8 @@ DESIGN_CARD = {"torch", "jupyterlab", "nbgrader", "matplotlib", "ipywidgets", "n
 
 
 def _requirements() -> dict[str, str]:
-    reqs = PYPROJECT["project"]["dependencies"] + [r for group in PYPROJECT["project"]["optional-dependencies"].values() for r in group]
+    reqs = PYPROJECT["project"]["dependencies"] + [r for group in PYPROJECT["project"]["optional-dependencies"].values()
+                                                   for r in group]
     return {re.split(r"[<>=!~\[ ]", r, 1)[0].lower(): r for r in reqs}
 
 

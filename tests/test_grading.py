@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import source_path, student_path
 
-from specdec.course import CellGrade
-from specdec.grading import format_table, grade, read_submission
+from conftest import source_path, student_path
+from specdec.course.driver import CellGrade
+from specdec.course.grading import format_table, grade, read_submission
 
 
 def _digest(folder):
@@ -25,7 +25,7 @@ def test_grade_cli_reads_but_never_writes_the_learners_notebooks(tmp_path):
     shutil.copy(source_path("01_cost_ledger"), mine / "01_cost_ledger.ipynb")  # a finished notebook
     before = _digest(mine)
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec.grading", "01", "--dir", str(mine), "--report-dir", str(tmp_path / "report")],
+        [sys.executable, "-m", "specdec.course.grading", "01", "--dir", str(mine), "--report-dir", str(tmp_path / "report")],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
@@ -62,7 +62,7 @@ def test_read_submission_errors(tmp_path):
 
 
 def test_unknown_notebook_name_is_refused(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "specdec.grading", "99"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "specdec.course.grading", "99"], capture_output=True, text=True)
     assert proc.returncode != 0 and "names no notebook of this course" in proc.stderr
 
 
@@ -84,7 +84,7 @@ def test_table_truncates_long_messages_and_names_ungraded_notebooks():
 
 
 def test_notebook_numbers_resolve():
-    from specdec.grading import _resolve
+    from specdec.course.grading import _resolve
     from specdec.paths import NOTEBOOKS_DIR
 
     assert _resolve(["1"], NOTEBOOKS_DIR)[0][0] == "01_cost_ledger"
@@ -94,15 +94,18 @@ def test_notebook_numbers_resolve():
 def test_error_in_a_solution_cell_is_named_for_the_tests_that_need_it(tmp_path):
     import json
 
-    from specdec.course import _cell_messages
+    from specdec.course.driver import _cell_messages
 
     def cell(meta, outputs):
         return {"cell_type": "code", "metadata": {"nbgrader": meta}, "outputs": outputs, "source": ""}
 
     nb = {"cells": [
-        cell({"grade_id": "residual", "solution": True}, [{"output_type": "error", "ename": "SyntaxError", "evalue": "invalid syntax", "traceback": []}]),
-        cell({"grade_id": "residual_test", "grade": True}, [{"output_type": "error", "ename": "NameError", "evalue": "name 'residual' is not defined", "traceback": []}]),
-        cell({"grade_id": "slow_test", "grade": True}, [{"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}]),
+        cell({"grade_id": "residual", "solution": True},
+             [{"output_type": "error", "ename": "SyntaxError", "evalue": "invalid syntax", "traceback": []}]),
+        cell({"grade_id": "residual_test", "grade": True},
+             [{"output_type": "error", "ename": "NameError", "evalue": "name 'residual' is not defined", "traceback": []}]),
+        cell({"grade_id": "slow_test", "grade": True},
+             [{"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}]),
     ]}
     path = tmp_path / "nb.ipynb"
     path.write_text(json.dumps(nb))

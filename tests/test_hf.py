@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from specdec.engine import SpeculativeEngine  # noqa: E402
-from specdec.hf import hf_generate, to_transformers  # noqa: E402
-from specdec.model import Llama, LlamaConfig  # noqa: E402
+from specdec.models.hf import hf_generate, to_transformers  # noqa: E402
+from specdec.models.model import Llama, LlamaConfig  # noqa: E402
 from specdec.paths import DATA_DIR  # noqa: E402
+from specdec.recording import SpeculativeEngine  # noqa: E402
 
 TARGET = LlamaConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=160, max_seq_len=128)
 DRAFT = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=128)
@@ -45,8 +45,8 @@ def test_greedy_and_assisted_generation_agree_with_our_engine(pair):
 @torch.no_grad()
 def test_shipped_checkpoints_agree_with_transformers():
     """Logits, greedy output and assisted generation (the shipped draft as assistant)."""
-    from specdec import corpus, tokenizer
-    from specdec.train import load_pair
+    from specdec.models import corpus, tokenizer
+    from specdec.models.checkpoints import load_pair
 
     target, draft = load_pair(SHIPPED.parent)
     hf, hf_draft = to_transformers(target), to_transformers(draft)

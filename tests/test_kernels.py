@@ -9,8 +9,16 @@ import torch
 
 from specdec.chain import outcome_distribution
 from specdec.checks.stats import compare_frequencies
-from specdec.kernels import (PAD, exponential_noise, logsumexp, race, race_reference, tree_attention,
-                             verify_chain_fused, verify_chain_reference)
+from specdec.kernels import (
+    PAD,
+    exponential_noise,
+    logsumexp,
+    race,
+    race_reference,
+    tree_attention,
+    verify_chain_fused,
+    verify_chain_reference,
+)
 
 
 def _inputs(B: int, gamma: int, V: int, seed: int):
@@ -153,7 +161,7 @@ def test_tree_attention_kernel_equals_reference(H, L, D, block):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the benchmark really runs")
 def test_kernel_benchmark_says_it_needs_a_gpu(capsys):
-    from specdec.bench_kernels import main
+    from specdec.bench.kernels import main
 
     assert main([]) == 0
     assert "No CUDA GPU" in capsys.readouterr().out

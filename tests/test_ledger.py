@@ -3,8 +3,7 @@
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from specdec import ledger
 from specdec.tables import ModelConfig, load_gpus, load_models

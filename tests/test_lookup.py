@@ -3,12 +3,12 @@ match, and lookup decoding equals target-only greedy decoding."""
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from specdec.checks.engine import tiny_pair
-from specdec.engine import SpeculativeEngine, target_only_generate
+from specdec.engine import target_only_generate
 from specdec.lookup import find_match, find_match_vectorised, lookup_generate, propose_ngram
+from specdec.recording import SpeculativeEngine
 
 
 @settings(max_examples=300, deadline=None)

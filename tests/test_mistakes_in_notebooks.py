@@ -12,8 +12,8 @@ import contextlib
 import io
 
 import pytest
-from conftest import nbgrader_meta, read, source_path
 
+from conftest import nbgrader_meta, read, source_path
 from specdec.mistakes import (
     analysis,
     chain,

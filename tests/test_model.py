@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec.model import KVCache, Llama, LlamaConfig
+from specdec.models.model import KVCache, Llama, LlamaConfig
 
 CONFIG = LlamaConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=64)
 

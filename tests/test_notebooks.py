@@ -9,11 +9,22 @@ import inspect
 import pkgutil
 import re
 
+import nbformat
 import pytest
-from conftest import SLUGS, graded_cells, manual_cells, nbgrader_meta, read, source_path, split_hidden, student_path
 
 import specdec
-from specdec.release import build_student_notebooks, comparable_cells
+from conftest import (
+    SLUGS,
+    graded_cells,
+    manual_cells,
+    nbgrader_meta,
+    prune_for_blank,
+    read,
+    source_path,
+    split_hidden,
+    student_path,
+)
+from specdec.course.release import comparable_cells
 
 GRADE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -77,19 +88,21 @@ def test_student_notebook_leaks_no_solution_or_hidden_test(slug):
 
 
 @pytest.mark.pipeline
-def test_release_is_in_sync(tmp_path):
+def test_release_is_in_sync(roundtrip):
     """Regenerating notebooks/ from grader/source/ gives the committed files, cell by cell."""
-    for built in build_student_notebooks(tmp_path):
-        committed = student_path(built.stem)
+    for slug, built in roundtrip.released.items():
+        committed = student_path(slug)
         assert committed.exists(), f"{committed} missing: run `make release`"
         assert comparable_cells(built) == comparable_cells(committed), f"{committed.name} is stale: run `make release`"
-    assert sorted(p.stem for p in student_path("x").parent.glob("*.ipynb")) == SLUGS
+    assert sorted(p.stem for p in student_path("x").parent.glob("*.ipynb")) == SLUGS == sorted(roundtrip.released)
 
 
 def _package_functions() -> dict[str, list[str]]:
     """Function name -> source of every top-level function in specdec, by name."""
     found: dict[str, list[str]] = {}
     for info in pkgutil.walk_packages(specdec.__path__, "specdec."):
+        if info.name.endswith(".__main__"):  # an entry point: importing it runs it
+            continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
             obj = getattr(obj, "fn", obj)  # a Triton kernel: its Python function
@@ -120,8 +133,17 @@ def test_solution_cells_equal_the_package(slug):
 
 @pytest.mark.pipeline
 @pytest.mark.parametrize("slug", SLUGS)
+def test_source_notebook_runs_without_errors(roundtrip, slug):
+    """Every cell of the instructor notebook runs, top to bottom, in nbgrader's kernel (what nbval --nbval-lax
+    checked, from the same execution that scores it)."""
+    errors = roundtrip.solution_errors[slug]
+    assert not errors, f"{slug}: " + "; ".join(errors)
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize("slug", SLUGS)
 def test_source_notebook_scores_full_marks(roundtrip, slug):
-    grades = roundtrip[slug, "solution"]
+    grades = roundtrip.grades[slug, "solution"]
     assert grades, f"{slug}: no graded cells in the gradebook"
     manual = {nbgrader_meta(c)["grade_id"] for c in manual_cells(read(source_path(slug)))}
     for g in grades:
@@ -134,9 +156,36 @@ def test_source_notebook_scores_full_marks(roundtrip, slug):
 @pytest.mark.pipeline
 @pytest.mark.parametrize("slug", SLUGS)
 def test_blank_student_notebook_scores_zero(roundtrip, slug):
-    grades = roundtrip[slug, "blank"]
+    grades = roundtrip.grades[slug, "blank"]
     manual = {nbgrader_meta(c)["grade_id"] for c in manual_cells(read(source_path(slug)))}
     assert len(grades) == len(graded_cells(read(source_path(slug)))) + len(manual)
     for g in grades:
         assert g.score == 0, f"{slug}/{g.grade_id}: the blank skeleton scored {g.score}: the test cannot fail"
         assert g.written == (g.grade_id in manual) and not g.needs_manual_grade, f"{slug}/{g.grade_id}"
+
+
+def _cell(source: str, **nbgrader) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source)
+    if nbgrader:
+        cell.metadata["nbgrader"] = nbgrader
+    return cell
+
+
+def test_pruning_keeps_what_graded_cells_need():
+    nb = nbformat.v4.new_notebook(cells=[
+        _cell("import torch\nfrom x import helper"),
+        _cell("slow_demo = helper(10**9)"),  # nothing graded reads it: dropped
+        _cell("table = [1, 2]"),  # read by the function the solution cell defines: kept
+        _cell("unused = torch.zeros(3)"),  # binds a name no kept cell reads: dropped
+        _cell("scale = 3"),  # read by the demo that builds `data`, which the test reads: kept
+        _cell("data = [scale * t for t in table]"),
+        _cell("def f(x):\n    return helper(table[x])", grade_id="f", solution=True),  # reads helper: the imports stay
+        _cell("%matplotlib inline"),  # not Python: kept
+        _cell("print(slow_demo)"),  # reads only a dropped name, binds nothing: dropped
+        _cell("assert f(0) == data[0] // 3", grade_id="f_test", grade=True, points=1),
+    ])
+    pruned, dropped = prune_for_blank(nb)
+    assert [c.source.split("\n")[0] for c in pruned.cells] == [
+        "import torch", "table = [1, 2]", "scale = 3", "data = [scale * t for t in table]", "def f(x):",
+        "%matplotlib inline", "assert f(0) == data[0] // 3"]
+    assert dropped == 3 and len(nb.cells) == 10

@@ -6,7 +6,7 @@ import torch
 from specdec import buggy_decoder, pitfalls
 from specdec.checks.core import CheckFailure
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import SamplingParams
+from specdec.params import SamplingParams
 
 
 def _round_outcomes(draft_propose, steps, params: SamplingParams, n: int = 20_000, seed: int = 0):

@@ -1,6 +1,6 @@
 """Your loop on real models, tested offline: the shipped checkpoints written as Hugging Face
 folders, loaded back by path through transformers' Auto classes, and driven by notebook 05's
-reference loop through :mod:`specdec.pretrained`."""
+reference loop through :mod:`specdec.models.pretrained`."""
 
 import json
 import os
@@ -13,14 +13,17 @@ import torch
 
 pytest.importorskip("transformers")
 
-from specdec import corpus, engine, tokenizer  # noqa: E402
-from specdec.bench import main as bench_main  # noqa: E402
-from specdec.bench_pretrained import read_prompts  # noqa: E402
+from specdec import engine  # noqa: E402
+from specdec.bench.pretrained import read_prompts  # noqa: E402
+from specdec.bench.speculative import main as bench_main  # noqa: E402
 from specdec.checks.engine import _check_rounds, _check_sampling, shipped_pair  # noqa: E402
-from specdec.engine import RecordingModel, speculative_generate, target_only_generate  # noqa: E402
-from specdec.hf import byte_tokenizer, export_course_models, hf_generate, save_folder  # noqa: E402
-from specdec.model import KVCache, Llama, LlamaConfig  # noqa: E402
-from specdec.pretrained import ModelNotFoundError, PretrainedCache, PretrainedLM, load_pretrained  # noqa: E402
+from specdec.engine import speculative_generate, target_only_generate  # noqa: E402
+from specdec.models import corpus, tokenizer  # noqa: E402
+from specdec.models.hf import byte_tokenizer, export_course_models, hf_generate, save_folder  # noqa: E402
+from specdec.models.model import KVCache, Llama, LlamaConfig  # noqa: E402
+from specdec.models.pretrained import ModelNotFoundError, PretrainedCache, PretrainedLM, load_pretrained  # noqa: E402
+from specdec.params import check_vocabularies  # noqa: E402
+from specdec.recording import RecordingModel, SpeculativeEngine  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +107,7 @@ def test_a_vocabulary_mismatch_names_both_sizes_and_universal_assisted_generatio
     draft = load_pretrained(save_folder(Llama(LlamaConfig(**{**small.to_dict(), "vocab_size": 8})), tmp_path / "d",
                                         with_tokenizer=False))
     for attempt in (lambda: speculative_generate(target, draft, [1, 2], 4, 2),
-                    lambda: engine.SpeculativeEngine(target, draft)):
+                    lambda: SpeculativeEngine(target, draft)):
         with pytest.raises(ValueError, match=r"draft scores 8 token ids, the target 6.*Universal Assisted Generation"):
             attempt()
     # Same size, different tokens: two ids swapped.
@@ -116,7 +119,7 @@ def test_a_vocabulary_mismatch_names_both_sizes_and_universal_assisted_generatio
     swapped.backend_tokenizer.model = type(swapped.backend_tokenizer.model)(vocab={**vocab, a: vocab[b], b: vocab[a]},
                                                                               merges=[])
     with pytest.raises(ValueError, match="map ids to different tokens.*Universal Assisted Generation"):
-        engine.check_vocabularies(PretrainedLM(model, byte_tokenizer()), PretrainedLM(model, swapped))
+        check_vocabularies(PretrainedLM(model, byte_tokenizer()), PretrainedLM(model, swapped))
 
 
 def test_bench_on_local_folders(folders, capsys, tmp_path):
@@ -141,7 +144,7 @@ def test_a_hub_name_without_network_fails_at_once(tmp_path):
     env = {name: value for name, value in os.environ.items() if name.lower() not in ("https_proxy", "http_proxy")}
     env.update(HF_HOME=str(tmp_path), HF_ENDPOINT="http://127.0.0.1:9")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "specdec.bench", "--target", "Qwen/Qwen2.5-1.5B", "--draft",
+    done = subprocess.run([sys.executable, "-m", "specdec.bench.speculative", "--target", "Qwen/Qwen2.5-1.5B", "--draft",
                            "Qwen/Qwen2.5-0.5B"], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 2 and time.perf_counter() - start < 30
     assert "could not be found locally" in done.stderr and "hf download Qwen/Qwen2.5-1.5B" in done.stderr
@@ -179,7 +182,7 @@ def test_setting_length_crops_and_recurrent_states_refuse_to_roll_back(pair):
     assert cache.cache.get_seq_length() == 12
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
 
-    from specdec.hf import quiet_transformers
+    from specdec.models.hf import quiet_transformers
 
     hybrid = Qwen3NextConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_value_heads=2,
@@ -197,8 +200,8 @@ def test_setting_length_crops_and_recurrent_states_refuse_to_roll_back(pair):
 def test_a_draft_padded_differently_shares_the_vocabulary(folders, pair, tmp_path):
     """Same tokenizer, LM heads of 256 and 320 rows (Qwen2.5-7B against 0.5B, in small): the logits are cut
     to 256, every token is still there, and the output is the target's."""
-    from specdec.pretrained import share_vocabulary
-    from specdec.train import load_pair
+    from specdec.models.checkpoints import load_pair
+    from specdec.models.pretrained import share_vocabulary
 
     _, course_draft = load_pair()
     padded = Llama(LlamaConfig(**{**course_draft.config.to_dict(), "vocab_size": 320}))
@@ -209,7 +212,7 @@ def test_a_draft_padded_differently_shares_the_vocabulary(folders, pair, tmp_pat
     padded.load_state_dict(state)
     target, draft = load_pretrained(folders["target"]), load_pretrained(save_folder(padded, tmp_path / "padded"))
     with pytest.raises(ValueError, match="only the LM heads' padding differs.*share_vocabulary"):
-        engine.check_vocabularies(target, draft)
+        check_vocabularies(target, draft)
     assert share_vocabulary(target, draft) == 256 and draft.config.vocab_size == 256
     ids = target.encode(corpus.math_prompts(1)[0])
     assert speculative_generate(target, draft, ids, 32, 4) == target_only_generate(pair[0], ids, 32)

@@ -11,8 +11,8 @@ import torch
 
 from specdec import chain, greedy, rejection
 from specdec.checks.stats import compare_frequencies
+from specdec.models.toy import ToyLM, greedy_generate
 from specdec.sampling import probs_from_logits, sample_from_weights
-from specdec.toy import ToyLM, greedy_generate
 
 D = torch.float64
 
@@ -95,7 +95,8 @@ def test_enumeration_catches_the_wrong_rule():
     # for a fixed draft y the first token is y w.p. alpha, else the residual; averaged over y ~ q it is p[0] (notebook 03)
     assert math.isclose(first[y], alpha, rel_tol=1e-12)
     wrong_first = {x: (alpha if x == y else 0.0) + (1 - alpha) * float(p[0, x]) for x in range(4)}
-    right_first = {x: (alpha if x == y else 0.0) + (1 - alpha) * float(rejection.residual_distribution(p[0], q[0])[x]) for x in range(4)}
+    right_first = {x: (alpha if x == y else 0.0) + (1 - alpha) * float(rejection.residual_distribution(p[0], q[0])[x])
+                   for x in range(4)}
     assert max(abs(first[x] - right_first[x]) for x in range(4)) < 1e-12
     assert max(abs(wrong_first[x] - right_first[x]) for x in range(4)) > 0.01
 
@@ -159,17 +160,24 @@ def test_greedy_batched_equals_single():
         (lambda: rejection.acceptance_rate(torch.tensor([1.5, -0.5]), torch.tensor([0.5, 0.5])), ValueError, "negative"),
         (lambda: rejection.acceptance_rate(torch.tensor([float("nan"), 0.5]), torch.tensor([0.5, 0.5])), ValueError, "NaN"),
         (lambda: rejection.acceptance_rate([0.5, 0.5], torch.tensor([0.5, 0.5])), TypeError, "torch.Tensor"),
-        (lambda: rejection.acceptance_probability(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]), 1), ValueError, "q\\[y\\] = 0"),
+        (lambda: rejection.acceptance_probability(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0]), 1),
+         ValueError, "q\\[y\\] = 0"),
         (lambda: rejection.verify_token(torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5]), 0, 1.5), ValueError, "u must be"),
-        (lambda: chain.verify_chain(torch.ones(2, 3) / 3, torch.ones(2, 3) / 3, torch.tensor([0, 1])), ValueError, "p .*\\(2, 'V'\\)|must be"),
-        (lambda: chain.verify_chain(torch.ones(1, 3) / 3, torch.ones(0, 3), torch.tensor([], dtype=torch.long)), ValueError, "gamma must be >= 1"),
-        (lambda: chain.verify_chain(torch.ones(2, 3) / 3, torch.ones(1, 3) / 3, torch.tensor([3])), ValueError, "outside \\[0, 3\\)"),
-        (lambda: chain.verify_chain(torch.ones(2, 3) / 3, torch.ones(1, 3) / 3, torch.tensor([0.0])), TypeError, "integer tensor"),
+        (lambda: chain.verify_chain(torch.ones(2, 3) / 3, torch.ones(2, 3) / 3, torch.tensor([0, 1])),
+         ValueError, "p .*\\(2, 'V'\\)|must be"),
+        (lambda: chain.verify_chain(torch.ones(1, 3) / 3, torch.ones(0, 3), torch.tensor([], dtype=torch.long)),
+         ValueError, "gamma must be >= 1"),
+        (lambda: chain.verify_chain(torch.ones(2, 3) / 3, torch.ones(1, 3) / 3, torch.tensor([3])),
+         ValueError, "outside \\[0, 3\\)"),
+        (lambda: chain.verify_chain(torch.ones(2, 3) / 3, torch.ones(1, 3) / 3, torch.tensor([0.0])),
+         TypeError, "integer tensor"),
         (lambda: greedy.greedy_verify(torch.tensor([1, 2]), torch.randn(2, 5)), ValueError, "gamma \\+ 1 = 3 rows"),
-        (lambda: greedy.greedy_verify_batched(torch.tensor([[1, 2]]), torch.randn(2, 3, 5)), ValueError, "shape \\(B, gamma \\+ 1, V\\)"),
+        (lambda: greedy.greedy_verify_batched(torch.tensor([[1, 2]]), torch.randn(2, 3, 5)),
+         ValueError, "shape \\(B, gamma \\+ 1, V\\)"),
         (lambda: greedy.round_shapes(2, 3, 4), ValueError, "k \\(accepted drafts\\) must be <= gamma"),
         (lambda: greedy.round_shapes(2, 0, 0), ValueError, "gamma must be >= 1"),
-        (lambda: chain.speculative_round(ToyLM(3), ToyLM(3), torch.tensor([0]), 0, 1.0, torch.Generator()), ValueError, "gamma must be >= 1"),
+        (lambda: chain.speculative_round(ToyLM(3), ToyLM(3), torch.tensor([0]), 0, 1.0, torch.Generator()),
+         ValueError, "gamma must be >= 1"),
         (lambda: probs_from_logits(torch.zeros(3), -1.0), ValueError, "temperature"),
     ],
 )

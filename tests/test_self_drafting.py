@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import corpus, tokenizer
 from specdec.checks.engine import shipped_pair, target_joint_after_first, tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.generate import eagle2_generate, eagle_generate, medusa_generate
 from specdec.drafters.medusa import MedusaHeads
 from specdec.drafters.train import load_eagle, load_medusa, self_distillation_text, target_labels, train_eagle, train_medusa
-from specdec.engine import SamplingParams, target_only_generate
+from specdec.engine import target_only_generate
+from specdec.models import corpus, tokenizer
+from specdec.params import SamplingParams
 from specdec.paths import DATA_DIR
 
 

@@ -7,11 +7,14 @@ import random
 
 import pytest
 
-from specdec import corpus, tokenizer
 from specdec.checks.engine import shipped_pair, target_joint_after_first, tiny_pair
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import SamplingParams, target_only_generate
-from specdec.serving.engine import ServingEngine
+from specdec.engine import target_only_generate
+from specdec.models import corpus, tokenizer
+from specdec.params import SamplingParams
+from specdec.serving.engine import Parts, ServingEngine
+from specdec.serving.scheduler import schedule_step
+from specdec.serving.sequence import SeqStatus
 
 
 def _until_stop(tokens: list[int], stop_ids: tuple[int, ...], stop_strings: tuple[str, ...]) -> list[int]:
@@ -181,6 +184,35 @@ def test_engine_settings_are_checked():
     other = tiny_pair(vocab=16)[0]
     with pytest.raises(ValueError, match="vocabularies differ"):
         ServingEngine(target, other)
+    with pytest.raises(TypeError, match=r"parts must be a Parts, for example Parts\(commit_round=commit_round\)"):
+        ServingEngine(target, draft, parts={"commit_round": lambda *a: None})
+    with pytest.raises(TypeError, match="Parts.schedule_step must be a function"):
+        Parts(schedule_step=None)
+
+
+def test_requests_move_through_their_states():
+    """WAITING until admitted, RUNNING while decoding, WAITING again if preempted, FINISHED at the end, with
+    arrival, first-token and finish times in that order; the scheduler hands back the Seq objects it chose."""
+    target, draft = tiny_pair(vocab=32)
+    seen = []
+
+    def spying_schedule(running, waiting, *args):
+        scheduled, preempted = schedule_step(running, waiting, *args)
+        seen.append(all(any(s is r for r in running + waiting) for s in [*scheduled, *preempted]))
+        return scheduled, preempted
+
+    engine = ServingEngine(target, draft, num_blocks=8, block_size=4, token_budget=16, parts=Parts(schedule_step=spying_schedule))
+    ids = [engine.add_request([i + 1] * 6, 10, gamma=2) for i in range(3)]
+    assert all(s.status is SeqStatus.WAITING for s in engine.waiting)
+    engine.step()
+    assert all(s.status is SeqStatus.RUNNING for s in engine.running) and engine.running
+    assert all(s.status is SeqStatus.WAITING for s in engine.waiting)
+    done = engine.run()
+    assert all(seen) and sum(s.preemptions for s in done.values()) > 0, "the pool was meant to force a preemption"
+    for seq_id in ids:
+        seq = done[seq_id]
+        assert seq.is_finished and seq.status is SeqStatus.FINISHED
+        assert seq.arrival_time <= seq.first_token_time <= seq.finish_time
 
 
 def test_auto_gamma_turns_speculation_off_when_verification_is_costly():

@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from specdec.simulator import Scenario, draw, simulator, summary  # noqa: E402
+from specdec.viz.simulator import Scenario, draw, simulator, summary  # noqa: E402
 
 
 def test_draw_makes_three_panels():

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from specdec import corpus, tokenizer
-from specdec.model import Llama, LlamaConfig
-from specdec.train import load, save, train
+from specdec.models import corpus, tokenizer
+from specdec.models.checkpoints import load, save
+from specdec.models.model import Llama, LlamaConfig
+from specdec.models.train import train
 
 TINY = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from specdec.checks.engine import target_joint, tiny_pair
-from specdec.checks.tree import walk_distribution
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import SamplingParams, target_only_generate
-from specdec.model import KVCache
+from specdec.checks.tree import walk_distribution
+from specdec.engine import target_only_generate
+from specdec.models.model import KVCache
+from specdec.params import SamplingParams
 from specdec.paths import DATA_DIR
 from specdec.tree import (
     DEFAULT_CHOICES,
@@ -53,7 +54,7 @@ def test_flatten_mask_positions_retrieve():
 @pytest.mark.skipif(not SHIPPED.exists(), reason="no shipped checkpoint")
 @torch.no_grad()
 def test_one_tree_forward_equals_each_path_alone():
-    from specdec.train import load
+    from specdec.models.checkpoints import load
 
     target = load(SHIPPED)
     tree = flatten_tree(DEFAULT_CHOICES)
@@ -122,8 +123,8 @@ def test_tree_decoding_equals_greedy():
 
 @pytest.mark.skipif(not SHIPPED.exists(), reason="no shipped checkpoint")
 def test_tree_decoding_equals_greedy_on_the_shipped_checkpoints():
-    from specdec import corpus, tokenizer
-    from specdec.train import load_pair
+    from specdec.models import corpus, tokenizer
+    from specdec.models.checkpoints import load_pair
 
     target, draft = load_pair(SHIPPED.parent)
     for text in (corpus.code_prompts(1)[0], corpus.math_prompts(1)[0]):

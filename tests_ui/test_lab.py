@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -50,7 +50,8 @@ def lab(tmp_path_factory):
     settings = home / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     (settings / "tracker.jupyterlab-settings").write_text('{"windowingMode": "none"}')  # render every cell
-    cmd = [str(Path(sys.executable).parent / "jupyter"), "lab", f"--LabApp.user_settings_dir={home / 'settings'}", f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
+    cmd = [str(Path(sys.executable).parent / "jupyter"), "lab", f"--LabApp.user_settings_dir={home / 'settings'}",
+           f"--ServerApp.root_dir={root}", "--ServerApp.ip=127.0.0.1",
            f"--ServerApp.port={port}", f"--IdentityProvider.token={TOKEN}", "--no-browser",
            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if os.geteuid() == 0:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.engine import RoundStats
+from specdec.recording import RoundStats
 
 
 def acceptance_from_rounds(accepted: Sequence[int], gamma: int) -> float:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine import SamplingParams
-from specdec.model import KVCache, Llama
+from specdec.models.model import KVCache, Llama
+from specdec.params import SamplingParams
 
 
 def draft_propose(logits: torch.Tensor, params: SamplingParams,

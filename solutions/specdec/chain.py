@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.greedy import PAD
+from specdec.greedy import PAD, greedy_verify
+from specdec.models.toy import ToyLM
+from specdec.params import SamplingParams
 from specdec.rejection import residual_distribution
 from specdec.sampling import probs_from_logits, sample_from_weights
-from specdec.toy import ToyLM
 from specdec.validate import (
     check_distribution,
     check_nonnegative_real,
@@ -71,6 +72,16 @@ def verify_chain(
     bonus = torch.multinomial(p[gamma].to(torch.float64), 1, generator=generator)
     return torch.tensor(committed + [int(bonus)], dtype=torch.long)
     ### END SOLUTION
+
+
+def verify_drafts(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, params: SamplingParams,
+                  generator: torch.Generator | None = None) -> list[int]:
+    """One round's committed tokens at the request's settings: greedy_verify (notebook 02) at temperature 0,
+    verify_chain otherwise. ``drafts``: the gamma proposals; ``q``: (gamma, V), what each was drawn from;
+    ``logits``: (gamma + 1, V), the target's at the last committed token and at each draft."""
+    if params.temperature == 0:
+        return greedy_verify(torch.tensor(drafts), logits).tolist()
+    return verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
 
 
 def expected_committed_length(accept_probs: Sequence[float]) -> float:

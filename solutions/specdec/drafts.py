@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.engine import SamplingParams
-from specdec.model import Llama
+from specdec.models.model import Llama
+from specdec.params import SamplingParams
 
 
 @torch.inference_mode()

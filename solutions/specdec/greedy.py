@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.toy import ToyLM
+from specdec.models.toy import ToyLM
 from specdec.validate import check_positive_int, check_tensor, check_token_ids
 
 #: Filler for the unused slots of a padded (B, gamma + 1) output.

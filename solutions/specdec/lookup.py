@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from specdec.chain import verify_chain
-from specdec.engine import GREEDY, SamplingParams, check_request
 from specdec.greedy import greedy_verify
-from specdec.model import KVCache, Llama
+from specdec.models.model import KVCache, Llama
+from specdec.params import GREEDY, SamplingParams, check_request
 from specdec.sampling import sample
 from specdec.validate import check_positive_int, check_tensor
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from specdec.engine import SamplingParams
-from specdec.model import KVCache, Llama
+from specdec.models.model import KVCache, Llama
+from specdec.params import SamplingParams
 
 
 def draft_propose(logits: torch.Tensor, params: SamplingParams,

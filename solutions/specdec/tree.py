@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.engine import GREEDY, SamplingParams, check_request
-from specdec.model import KVCache
+from specdec.models.model import KVCache
+from specdec.params import GREEDY, SamplingParams, check_request
 from specdec.sampling import sample
 
 
@@ -155,6 +155,15 @@ def verify_tree_sampling(tokens: torch.Tensor, tree: Tree, p: torch.Tensor,
     ### END SOLUTION
 
 
+def verify_tree(tokens: torch.Tensor, tree: Tree, logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None = None) -> tuple[list[int], list[int]]:
+    """(path, committed) at the request's settings: verify_tree_greedy at temperature 0, verify_tree_sampling
+    otherwise. ``tokens``: (N,) the tree's nodes; ``logits``: (N, V), the target's at each node."""
+    if params.temperature == 0:
+        return verify_tree_greedy(tokens, tree.parents, logits)
+    return verify_tree_sampling(tokens, tree, params.probs(logits), generator)
+
+
 def compact_cache(cache: KVCache, start: int, path: Sequence[int]) -> None:
     """After a tree forward that wrote node i's KV at slot start + i, move the accepted
     path's entries to the contiguous slots start, start + 1, ... and crop the rest."""
@@ -222,10 +231,7 @@ def tree_generate(target, draft, prompt: list[int], n_tokens: int, choices=DEFAU
         nodes = torch.tensor(propose_tree(draft, d_cache, pending, tree))
         logits = target(nodes[None], t_cache, tree_position_ids(start, tree.depths),
                         _tree_attention_mask(start, mask))[0]  # (N, V)
-        if params.temperature == 0:
-            path, committed = verify_tree_greedy(nodes, tree.parents, logits)
-        else:
-            path, committed = verify_tree_sampling(nodes, tree, params.probs(logits), generator)
+        path, committed = verify_tree(nodes, tree, logits, params, generator)
         compact_cache(t_cache, start, path)
         tokens += committed
         pending = committed  # the draft holds the prefix and the root; it feeds the accepted path and the new token

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from specdec import analysis as ref
 from specdec.checks.core import CheckFailure, call, close, compare_cases, diagnose, fmt
-from specdec.engine import RoundStats
 from specdec.mistakes import for_exercise
+from specdec.recording import RoundStats
 
 
 def _rounds_cases() -> list[tuple[str, tuple]]:

@@ -8,13 +8,20 @@ from collections.abc import Callable
 import torch
 
 from specdec import chain
-from specdec.checks.core import (CheckFailure, call, compare_cases, expect_no_loop_over, expect_reproducible,
-                                 single_threaded, upstream_note)
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    compare_cases,
+    expect_no_loop_over,
+    expect_reproducible,
+    single_threaded,
+    upstream_note,
+)
 from specdec.checks.greedy import CountingLM
 from specdec.checks.stats import compare_frequencies
 from specdec.greedy import PAD
 from specdec.mistakes import for_exercise
-from specdec.toy import ToyLM
+from specdec.models.toy import ToyLM
 
 _SEED = 4
 
@@ -153,7 +160,8 @@ def _unpack(got, label: str, B: int, gamma: int) -> tuple[torch.Tensor, torch.Te
         raise CheckFailure(f"{label}: expected tokens of shape ({B}, {gamma + 1}) and n_committed ({B},), got "
                            f"{tuple(tokens.shape)} and {tuple(n_committed.shape)}")
     if ((n_committed < 1) | (n_committed > gamma + 1)).any():
-        raise CheckFailure(f"{label}: n_committed must lie in 1..gamma + 1 = {gamma + 1}, got values {n_committed.unique().tolist()}")
+        raise CheckFailure(f"{label}: n_committed must lie in 1..gamma + 1 = {gamma + 1}, "
+                           f"got values {n_committed.unique().tolist()}")
     positions = torch.arange(gamma + 1)
     pad_wrong = ((positions >= n_committed[:, None]) & (tokens != PAD)).any()
     used_wrong = ((positions < n_committed[:, None]) & (tokens < 0)).any()
@@ -190,7 +198,8 @@ def _check_round(fn: Callable, n: int) -> None:
             if not isinstance(got, torch.Tensor) or got.ndim != 1:
                 raise CheckFailure(f"{label}: return the committed tokens as a 1-D tensor, got {got!r}")
             if counting.calls != 1:
-                raise CheckFailure(f"{label}: the target was called {counting.calls} times; score all gamma + 1 positions in one target.logits call.")
+                raise CheckFailure(f"{label}: the target was called {counting.calls} times; "
+                                   "score all gamma + 1 positions in one target.logits call.")
             if temperature == 0 and len(outputs) == 0:
                 exact0 = chain.round_outcome_distribution(target, draft, context, gamma, 0.0)
                 if tuple(int(t) for t in got) not in exact0:

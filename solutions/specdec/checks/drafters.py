@@ -15,7 +15,7 @@ from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
 from specdec.drafters.medusa import medusa_candidates, medusa_head_logits
 from specdec.drafters.memory import KINDS, drafter_cost
 from specdec.mistakes import for_exercise
-from specdec.model import Llama, LlamaConfig
+from specdec.models.model import Llama, LlamaConfig
 
 
 def _describe(value: Any) -> str:
@@ -52,7 +52,8 @@ def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple
 def check_medusa_head_logits(fn: Callable) -> None:
     rng, cases = torch.Generator().manual_seed(21), []
     for shape in [(), (3,), (2, 5), ()] * 6:
-        K, d, V = (int(x) for x in torch.randint(1, 5, (1,), generator=rng).tolist() + torch.randint(2, 9, (2,), generator=rng).tolist())
+        K, d, V = (int(x) for x in torch.randint(1, 5, (1,), generator=rng).tolist()
+                                   + torch.randint(2, 9, (2,), generator=rng).tolist())
         hidden = torch.randn(*shape, d, generator=rng, dtype=torch.float64)
         res_weight = torch.randn(K, d, d, generator=rng, dtype=torch.float64)
         res_bias = torch.randn(K, d, generator=rng, dtype=torch.float64)
@@ -77,7 +78,8 @@ def _random_choices(rng: random.Random, depth: int) -> list[tuple[int, ...]]:
 def check_medusa_candidates(fn: Callable) -> None:
     rng, g, cases = random.Random(22), torch.Generator().manual_seed(22), []
     tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 1.0, 2.0, 0.0]])
-    cases.append(("root=7, head_logits with ties [[1, 3, 3, 0, 3], [2, 2, 1, 2, 0]], choices [(0,), (1,), (2,), (0, 0), (0, 1), (2, 2)]",
+    cases.append(("root=7, head_logits with ties [[1, 3, 3, 0, 3], [2, 2, 1, 2, 0]], "
+                  "choices [(0,), (1,), (2,), (0, 0), (0, 1), (2, 2)]",
                   (7, tied, [(0,), (1,), (2,), (0, 0), (0, 1), (2, 2)])))
     for _ in range(40):
         K, V = rng.randrange(1, 5), rng.randrange(4, 12)
@@ -115,8 +117,8 @@ def check_eagle_draft_step(fn: Callable) -> None:
         cache = drafter.new_cache()
         if prefix:
             with torch.inference_mode():
-                drafter(torch.randn(1, prefix, 32, generator=g), target.embed_tokens(torch.randint(0, 24, (1, prefix), generator=g)),
-                        target, cache)
+                drafter(torch.randn(1, prefix, 32, generator=g),
+                        target.embed_tokens(torch.randint(0, 24, (1, prefix), generator=g)), target, cache)
         feature, tokens = torch.randn(32, generator=g), torch.randint(0, 24, (3,), generator=g).tolist()
         mine, theirs = copy.deepcopy(cache), copy.deepcopy(cache)
         f_mine, f_ref = feature, feature
@@ -149,7 +151,8 @@ def check_eagle_draft_step(fn: Callable) -> None:
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> str:
-    return f"{(a.float() - b.float()).abs().max().item():.3g}" if a.shape == b.shape else f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"
+    return (f"{(a.float() - b.float()).abs().max().item():.3g}" if a.shape == b.shape
+            else f"shapes {tuple(a.shape)} vs {tuple(b.shape)}")
 
 
 def _reproduces_step(mistake, drafter, target, feature, token, cache, got) -> bool:

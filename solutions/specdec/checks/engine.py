@@ -18,11 +18,12 @@ import torch
 from specdec import engine
 from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, single_threaded, upstream_note
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import GREEDY, RecordingModel, SamplingParams
 from specdec.greedy import greedy_verify
 from specdec.mistakes import for_exercise
-from specdec.model import KVCache, Llama, LlamaConfig
+from specdec.models.model import KVCache, Llama, LlamaConfig
+from specdec.params import GREEDY, SamplingParams, StopCriteria, accept_until_stop
 from specdec.paths import DATA_DIR
+from specdec.recording import RecordingModel, SpeculativeEngine
 
 SAMPLING_PARAMS = (SamplingParams(1.0), SamplingParams(0.8, top_k=4, top_p=0.9))
 
@@ -48,7 +49,7 @@ def tiny_pair(vocab: int = 32, noise: float = 0.3, seed: int = 0) -> tuple[Llama
 @cache
 def shipped_pair() -> tuple[Llama, Llama]:
     """The course's trained target and draft from data/models."""
-    from specdec.train import load_pair
+    from specdec.models.checkpoints import load_pair
 
     return load_pair(DATA_DIR / "models")
 
@@ -124,7 +125,8 @@ def check_rollback(fn: Callable) -> None:
             want_target = P + k
             if target_cache.length != want_target:
                 raise CheckFailure(f"{label}: the target cache should be cropped to P + k = {want_target} (k = {k} "
-                                   f"accepted), but it has length {target_cache.length}.{_target_hint(target_cache.length, P, k, gamma)}")
+                                   f"accepted), but it has length {target_cache.length}."
+                                   f"{_target_hint(target_cache.length, P, k, gamma)}")
             want_draft = P + k if k < gamma else P + gamma - 1
             if draft_cache.length != want_draft:
                 raise CheckFailure(f"{label}: the draft cache should have length {want_draft}, got {draft_cache.length}."
@@ -258,7 +260,7 @@ def _greedy_cases():
     for gamma, prompt in ((1, [5, 9]), (3, [1, 2, 3, 4]), (5, [7])):
         yield "small random models", target, draft, prompt, 30, gamma
     target, draft = shipped_pair()
-    from specdec import corpus, tokenizer
+    from specdec.models import corpus, tokenizer
 
     for name, text in (("math", corpus.math_prompts(1)[0]), ("code", corpus.code_prompts(1)[0])):
         yield f"shipped models, {name} prompt", target, draft, tokenizer.encode(text), 40, 4
@@ -359,7 +361,7 @@ def target_joint_after_first(target: Llama, prompt: list[int], params: SamplingP
 
 def _check_sampling(fn: Callable, name: str, n: int = 1500, through: Callable | None = None) -> None:
     """``through``: runs ``fn`` on ``through(model)`` instead of each model (the same weights behind another
-    implementation, :mod:`specdec.pretrained`); the exact joint is always the course model's."""
+    implementation, :mod:`specdec.models.pretrained`); the exact joint is always the course model's."""
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2]
     exact = target_joint(target, prompt, params)
@@ -383,7 +385,7 @@ def _check_sampling(fn: Callable, name: str, n: int = 1500, through: Callable | 
 def _stop_cases(seed: int = 0, n: int = 300):
     """(description, (output, committed, stop)) for hand-picked and random valid states: the output
     so far has hit no stop yet (a finished request gets no further rounds)."""
-    S = engine.StopCriteria
+    S = StopCriteria
     yield "no stop in this round", ([1, 2], [3, 4, 5], S(10))
     yield "stop token in the middle", ([1, 2], [3, 0, 5, 6], S(10, (0,)))
     yield "stop token first", ([1], [0, 5, 6], S(10, (0,)))
@@ -411,7 +413,7 @@ def _stop_cases(seed: int = 0, n: int = 300):
         sequences = tuple(tuple(rand(4, 1 + rand(3)[0])) for _ in range(rand(3)[0]))
         output = rand(6, rand(6)[0])
         committed = rand(6, 1 + rand(6)[0])
-        stop = engine.StopCriteria(len(output) + 1 + rand(8)[0], stop_ids, sequences)
+        stop = StopCriteria(len(output) + 1 + rand(8)[0], stop_ids, sequences)
         hit = any(t in stop_ids for t in output) or any(
             output[: j + 1][-len(s):] == list(s) for j in range(len(output)) for s in sequences)
         if hit:
@@ -432,7 +434,7 @@ def check_accept_until_stop(fn: Callable) -> None:
             raise CheckFailure(f"{label}: your function changed its arguments (output is now {output}, committed "
                                f"{committed}). Build a new list: the caller's output must only grow by what you return.")
         history.append(((list(output), list(committed), stop), got))
-        expected = engine.accept_until_stop(output, committed, stop)
+        expected = accept_until_stop(output, committed, stop)
         ok_type = (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], list)
                    and all(isinstance(t, int) and not isinstance(t, bool) for t in got[0]) and isinstance(got[1], bool))
         if not ok_type:
@@ -454,13 +456,13 @@ def _stop_scenarios(task: str, gamma: int = 4, n: int = 40) -> tuple[list[int], 
     """The shipped models' prompt for ``task`` and stops placed where the reference run commits
     several tokens in one round, so that tokens follow the stop inside its round:
     (description, StopCriteria, expected output, target forwards the run needs)."""
-    from specdec import corpus, tokenizer
+    from specdec.models import corpus, tokenizer
 
     target, draft = shipped_pair()
     prompt = tokenizer.encode(corpus.math_prompts(2)[1] if task == "math" else corpus.code_prompts(2)[1])
     base = engine.target_only_generate(target, prompt, n)
     ends, position = [], 0
-    for r in engine.SpeculativeEngine(target, draft).generate(prompt, n, gamma).rounds:
+    for r in SpeculativeEngine(target, draft).generate(prompt, n, gamma).rounds:
         position += r.committed
         ends.append(position - 1)  # index of each round's last new token
 
@@ -469,18 +471,18 @@ def _stop_scenarios(task: str, gamma: int = 4, n: int = 40) -> tuple[list[int], 
 
     inside = [j for j in range(2, n - 1) if j not in ends and j - 1 not in ends]
     spanning = [j for j in range(2, n - 1) if j not in ends and j - 1 in ends]
-    scenarios = [("max_tokens only", engine.StopCriteria(n), base, forwards(n - 1))]
+    scenarios = [("max_tokens only", StopCriteria(n), base, forwards(n - 1))]
     if task == "math":
         j = next(j for j in inside if base[j] not in base[:j])  # a stop token not seen before new token j
-        scenarios.append((f"stop token {base[j]} at new token {j}, inside a round", engine.StopCriteria(n, (base[j],)),
+        scenarios.append((f"stop token {base[j]} at new token {j}, inside a round", StopCriteria(n, (base[j],)),
                           base[: j + 1], forwards(j)))
     else:
         j = next(j for j in spanning if not any(base[i - 1 : i + 1] == base[j - 1 : j + 1] for i in range(1, j)))
         scenarios.append((f"stop sequence {base[j - 1 : j + 1]} ending at new token {j}, starting in the previous "
-                          "round", engine.StopCriteria(n, stop_sequences=(tuple(base[j - 1 : j + 1]),)),
+                          "round", StopCriteria(n, stop_sequences=(tuple(base[j - 1 : j + 1]),)),
                           base[: j + 1], forwards(j)))
     j = inside[len(inside) // 2]
-    scenarios.append((f"max_tokens = {j + 1}, inside a round", engine.StopCriteria(j + 1), base[: j + 1], forwards(j)))
+    scenarios.append((f"max_tokens = {j + 1}, inside a round", StopCriteria(j + 1), base[: j + 1], forwards(j)))
     return prompt, scenarios
 
 
@@ -514,7 +516,7 @@ def check_generate_until_stop(fn: Callable) -> None:
         _check_stops_greedy(fn)
         _check_stops_sampling(fn)
         target, draft = tiny_pair()
-        stop = engine.StopCriteria(12, (5,))
+        stop = StopCriteria(12, (5,))
         expect_reproducible(lambda *a: fn(*a)[0], f"generate_until_stop(small random models, prompt=[1, 2], {stop}, "
                                                   "gamma=3, temperature 1): the output",
                             lambda seed: (target, draft, [1, 2], stop, 3, SamplingParams(1.0),
@@ -555,7 +557,7 @@ def _check_stops_greedy(fn: Callable) -> None:
 def _check_stops_sampling(fn: Callable, n: int = 1500) -> None:
     target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2]
-    stop = engine.StopCriteria(3, stop_token_ids=(0,))
+    stop = StopCriteria(3, stop_token_ids=(0,))
     exact: dict[tuple[int, ...], float] = {}
     for seq, prob in target_joint(target, prompt, params).items():
         cut = next((i + 1 for i, t in enumerate(seq) if t == 0), 3)

@@ -10,7 +10,7 @@ import torch
 from specdec import greedy
 from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, same, single_threaded, upstream_note
 from specdec.mistakes import for_exercise
-from specdec.toy import ToyLM, greedy_generate
+from specdec.models.toy import ToyLM, greedy_generate
 
 _SEED = 2
 
@@ -157,7 +157,8 @@ def _check_generate(fn: Callable) -> None:
             prompt_t = torch.tensor(prompt)
             for gamma in (1, 3, 5):
                 for n_tokens in (40, 7, 1):
-                    label = f"speculative_greedy_generate(V={V}, draft noise={noise}, prompt={prompt}, n_tokens={n_tokens}, gamma={gamma})"
+                    label = (f"speculative_greedy_generate(V={V}, draft noise={noise}, prompt={prompt}, "
+                             f"n_tokens={n_tokens}, gamma={gamma})")
                     counting = CountingLM(target)
                     got = call(fn, label, counting, draft, prompt_t, n_tokens, gamma)
                     if not (isinstance(got, tuple) and len(got) == 2):
@@ -168,11 +169,16 @@ def _check_generate(fn: Callable) -> None:
                     if not isinstance(tokens, torch.Tensor) or not same(tokens, expected):
                         shown = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
                         raise CheckFailure(f"{label}: expected the target's greedy tokens {expected.tolist()}, got {shown}."
-                                           + diagnose(for_exercise("speculative_greedy_generate"), [((target, draft, prompt_t, n_tokens, gamma), got)]))
+                                           + diagnose(for_exercise("speculative_greedy_generate"),
+                                                      [((target, draft, prompt_t, n_tokens, gamma), got)]))
                     if list(per_round) != expected_rounds:
-                        raise CheckFailure(f"{label}: tokens committed per round should be {expected_rounds}, got {list(per_round)}."
+                        raise CheckFailure(f"{label}: tokens committed per round should be {expected_rounds}, "
+                                           f"got {list(per_round)}."
                                            " Each round commits the accepted drafts plus one target token."
-                                           + diagnose(for_exercise("speculative_greedy_generate"), [((target, draft, prompt_t, n_tokens, gamma), got)]))
+                                           + diagnose(for_exercise("speculative_greedy_generate"),
+                                                      [((target, draft, prompt_t, n_tokens, gamma), got)]))
                     if counting.calls != len(expected_rounds):
-                        raise CheckFailure(f"{label}: the target was called {counting.calls} times for {len(expected_rounds)} rounds; "
-                                           "score the last committed token and all gamma drafts in one target.logits call per round.")
+                        raise CheckFailure(f"{label}: the target was called {counting.calls} times for "
+                                           f"{len(expected_rounds)} rounds; "
+                                           "score the last committed token and all gamma drafts in one target.logits call "
+                                           "per round.")

@@ -8,12 +8,22 @@ from collections.abc import Callable
 import torch
 
 from specdec import lookup
-from specdec.checks.core import (CheckFailure, call, compare_cases, expect_no_loop_over, expect_reproducible,
-                                 single_threaded, torch_function_names, upstream_note)
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    compare_cases,
+    expect_no_loop_over,
+    expect_reproducible,
+    single_threaded,
+    torch_function_names,
+    upstream_note,
+)
 from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, shipped_pair, target_joint, tiny_pair
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import GREEDY, RecordingModel, SamplingParams, target_only_generate
+from specdec.engine import target_only_generate
 from specdec.greedy import greedy_verify
+from specdec.params import GREEDY, SamplingParams
+from specdec.recording import RecordingModel
 
 _SEED = 6
 
@@ -145,7 +155,7 @@ def _lookup_cases():
                                         (3, [4, 4, 2, 4, 4, 2, 4, 1, 4], 2, 2)):
         yield "small random model", target, prompt, 30, gamma, n_max, n_min
     target, _ = shipped_pair()
-    from specdec import corpus, tokenizer
+    from specdec.models import corpus, tokenizer
 
     for name, text in (("code", corpus.code_prompts(1)[0]), ("math", corpus.math_prompts(1)[0])):
         yield f"shipped target, {name} prompt", target, tokenizer.encode(text), 40, 4, 3, 1

@@ -6,15 +6,23 @@ from collections.abc import Callable
 
 import torch
 
-from specdec import ledger
-from specdec import pitfalls as ref
-from specdec.checks.core import (CheckFailure, call, close, diagnose, expect_no_loop_over, expect_reproducible, fmt,
-                                 torch_function_names)
+from specdec import ledger, pitfalls as ref
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    close,
+    diagnose,
+    expect_no_loop_over,
+    expect_reproducible,
+    fmt,
+    torch_function_names,
+)
 from specdec.checks.engine import tiny_pair
 from specdec.checks.stats import compare_frequencies
-from specdec.engine import RecordingModel, SamplingParams
 from specdec.mistakes import for_exercise
-from specdec.model import KVCache
+from specdec.models.model import KVCache
+from specdec.params import SamplingParams
+from specdec.recording import RecordingModel
 from specdec.tables import load_gpus, load_models
 
 
@@ -40,7 +48,8 @@ def check_draft_propose(fn: Callable) -> None:
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"{label}: return (tokens, q), got {got!r}"[:300])
         tokens, q = _tensor(label + " tokens", got[0], (n,)), _tensor(label + " q", got[1], (n, 6)).double()
-        if (q < 0).any() or not torch.allclose(q.sum(-1), torch.ones(n, dtype=q.dtype)) or not torch.equal(q, q[:1].expand(n, -1)):
+        if ((q < 0).any() or not torch.allclose(q.sum(-1), torch.ones(n, dtype=q.dtype))
+                or not torch.equal(q, q[:1].expand(n, -1))):
             raise CheckFailure(f"{label}: q must be a probability distribution per row (the same for identical logits), "
                                f"got rows like {[round(x, 4) for x in q[0].tolist()]}")
         compare_frequencies(tokens.tolist(), {i: float(x) for i, x in enumerate(q[0])}, label + ": the tokens against q",
@@ -58,7 +67,8 @@ def check_draft_propose(fn: Callable) -> None:
             rows = slice(r * 3000, (r + 1) * 3000)
             if not torch.allclose(q[rows], want_q[r].expand(3000, -1), atol=1e-6):
                 raise CheckFailure(f"{label}: row {r * 3000}'s q should be params.probs of its own logits "
-                                   f"{[round(x, 4) for x in want_q[r].tolist()]}, got {[round(x, 4) for x in q[r * 3000].tolist()]}"
+                                   f"{[round(x, 4) for x in want_q[r].tolist()]}, "
+                                   f"got {[round(x, 4) for x in q[r * 3000].tolist()]}"
                                    + (": at temperature 0 that is one-hot at the argmax, the distribution a greedy "
                                       "token is really drawn from, not the softmax." if params.temperature == 0 else "."))
             compare_frequencies(tokens[rows].tolist(), {i: float(x) for i, x in enumerate(want_q[r])},
@@ -109,7 +119,8 @@ def check_accepted_counts(fn: Callable) -> None:
         history.append(((accept,), got))
         want = ref.accepted_counts(accept)
         if not isinstance(got, torch.Tensor) or not torch.equal(got.long(), want):
-            raise CheckFailure(f"{label}: expected {want.tolist()}, got {got!r}." + diagnose(for_exercise("accepted_counts"), history))
+            raise CheckFailure(f"{label}: expected {want.tolist()}, got {got!r}."
+                               + diagnose(for_exercise("accepted_counts"), history))
         if got.dtype != torch.long:
             raise CheckFailure(f"{label}: return a long (int64) tensor, got {got.dtype}")
     names = torch_function_names(fn, cases[1])

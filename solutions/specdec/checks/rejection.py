@@ -8,8 +8,7 @@ from collections.abc import Callable
 import torch
 
 from specdec import rejection
-from specdec.checks.core import (CheckFailure, call, compare_cases, diagnose, expect_reproducible, single_threaded,
-                                 upstream_note)
+from specdec.checks.core import CheckFailure, call, compare_cases, diagnose, expect_reproducible, single_threaded, upstream_note
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 
@@ -26,10 +25,12 @@ def _pairs() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     cases = [
         ("worked example", torch.tensor([0.6, 0.3, 0.1], dtype=d), torch.tensor([0.2, 0.5, 0.3], dtype=d)),
         ("p == q", torch.tensor([0.5, 0.25, 0.25], dtype=d), torch.tensor([0.5, 0.25, 0.25], dtype=d)),
-        ("one-hot q at token 1 (a greedy or n-gram draft)", torch.tensor([0.2, 0.5, 0.3], dtype=d), torch.tensor([0.0, 1.0, 0.0], dtype=d)),
+        ("one-hot q at token 1 (a greedy or n-gram draft)", torch.tensor([0.2, 0.5, 0.3], dtype=d),
+         torch.tensor([0.0, 1.0, 0.0], dtype=d)),
         ("p with zeros", torch.tensor([0.0, 0.7, 0.0, 0.3], dtype=d), torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=d)),
         ("one-hot p", torch.tensor([0.0, 0.0, 1.0], dtype=d), torch.tensor([0.3, 0.3, 0.4], dtype=d)),
-        ("a token with p = q = 0 (top-k truncation)", torch.tensor([0.5, 0.5, 0.0], dtype=d), torch.tensor([0.3, 0.7, 0.0], dtype=d)),
+        ("a token with p = q = 0 (top-k truncation)", torch.tensor([0.5, 0.5, 0.0], dtype=d),
+         torch.tensor([0.3, 0.7, 0.0], dtype=d)),
     ]
     g = torch.Generator().manual_seed(_SEED)
     for i in range(15):
@@ -46,7 +47,8 @@ def _label(fn_name: str, desc: str, p: torch.Tensor, q: torch.Tensor, extra: str
 
 def check_acceptance_probability(fn: Callable) -> None:
     """Every token with q(y) > 0 of every pair."""
-    cases = [(f"{desc}: p={_fmt(p)}, q={_fmt(q)}, y={y}", (p, q, y)) for desc, p, q in _pairs() for y in range(len(q)) if q[y] > 0]
+    cases = [(f"{desc}: p={_fmt(p)}, q={_fmt(q)}, y={y}", (p, q, y))
+             for desc, p, q in _pairs() for y in range(len(q)) if q[y] > 0]
     compare_cases(fn, rejection.acceptance_probability, cases)
 
 
@@ -113,7 +115,8 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
                 if accepted != should:
                     extra = (" u = 0 must not accept a token the target gives probability 0: use a strict u < p(y)/q(y)."
                              if u == 0 else " Accept exactly when u < p(y)/q(y).")
-                    raise CheckFailure(f"{label}: p(y)/q(y) = {ratio:.6g}, so accepted should be {should}, got {accepted}.{extra}")
+                    raise CheckFailure(f"{label}: p(y)/q(y) = {ratio:.6g}, so accepted should be {should}, "
+                                       f"got {accepted}.{extra}")
                 if accepted and token != y:
                     raise CheckFailure(f"{label}: an accepted draft outputs y = {y} itself, got {token}.")
                 if not accepted and float(rejection.residual_distribution(p, q)[token]) <= 0:

@@ -20,14 +20,14 @@ from specdec.checks.core import (
     upstream_note,
     where_lists_differ,
 )
-from specdec.engine import StopCriteria, accept_until_stop
 from specdec.ledger import expected_tokens_per_round
 from specdec.mistakes import Mistake, for_exercise
+from specdec.params import StopCriteria, accept_until_stop
 from specdec.serving.adaptive import StepCosts, choose_gamma
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.scheduler import schedule_step
-from specdec.serving.sequence import Seq
+from specdec.serving.sequence import Seq, SeqStatus
 
 Outcome = tuple[tuple[str, Any], ...]
 
@@ -153,7 +153,8 @@ def check_slot_mapping(fn: Callable) -> None:
 def _commit_outcome(args: tuple, returned: Any) -> Outcome:
     seqs = args[0]
     return (("the emitted tokens", returned), ("output", [s.output for s in seqs]),
-            ("finished", [s.finished for s in seqs]), ("num_computed", [s.num_computed for s in seqs]),
+            ("status", [s.status.name if isinstance(s.status, SeqStatus) else s.status for s in seqs]),
+            ("num_computed", [s.num_computed for s in seqs]),
             ("draft_computed", [s.draft_computed for s in seqs]))
 
 
@@ -170,7 +171,8 @@ def _random_row(rng: random.Random, seq_id: int) -> tuple[Seq, list[int], int]:
     gamma = rng.choice([0, 1, 2, 3, 4, 5])
     committed = [rng.randrange(vocab) for _ in range(rng.randrange(1, gamma + 2))]
     P = len(prompt) + len(output)
-    seq = Seq(seq_id, prompt, stop, output=output, num_computed=P - 1, draft_computed=rng.randrange(max(P - 3, 0), P))
+    seq = Seq(seq_id, prompt, stop, output=output, num_computed=P - 1, draft_computed=rng.randrange(max(P - 3, 0), P),
+              status=SeqStatus.RUNNING)
     return seq, committed, gamma
 
 
@@ -189,14 +191,29 @@ def check_commit_round(fn: Callable) -> None:
 
 
 # ---- schedule_step --------------------------------------------------------------------------
+def _named(x: Any, given: list[Seq]) -> str:
+    """A returned request as the learner should see it: Seq#3 if it is one of the requests passed in."""
+    if any(x is s for s in given):
+        return repr(x)
+    if isinstance(x, Seq):
+        return f"a copy of {x!r} (return the request passed in)"
+    return f"{x!r} (not a Seq: return the request itself, not its id)"
+
+
 def _schedule_outcome(args: tuple, returned: Any) -> Outcome:
     running, waiting = args[0], args[1]
-    return (("the schedule {seq_id: tokens}", returned[0] if isinstance(returned, tuple) else returned),
-            ("the preempted ids", returned[1] if isinstance(returned, tuple) and len(returned) > 1 else None),
+    given = running + waiting
+    scheduled = returned[0] if isinstance(returned, tuple) else returned
+    preempted = returned[1] if isinstance(returned, tuple) and len(returned) > 1 else None
+    if isinstance(scheduled, dict):
+        scheduled = {_named(k, given): v for k, v in scheduled.items()}
+    if isinstance(preempted, (list, tuple)):
+        preempted = [_named(x, given) for x in preempted]
+    return (("the schedule {seq: tokens}", scheduled), ("the preempted requests", preempted),
             ("running afterwards (do not change the lists)", [s.seq_id for s in running]),
             ("waiting afterwards", [s.seq_id for s in waiting]),
             ("the requests afterwards (do not change them)",
-             [(s.num_computed, len(s.block_table), s.lookahead) for s in running + waiting]))
+             [(s.num_computed, len(s.block_table), s.lookahead, s.status) for s in given]))
 
 
 def _describe(seqs: list[Seq]) -> str:
@@ -216,7 +233,7 @@ def _schedule_cases() -> list[tuple[str, tuple]]:
         running, waiting = [], []
         for _ in range(rng.randrange(0, 6)):
             prompt, output = [1] * rng.randrange(1, 30), [2] * rng.randrange(0, 8)
-            seq = Seq(next(ids), prompt, StopCriteria(99), output=output)
+            seq = Seq(next(ids), prompt, StopCriteria(99), output=output, status=SeqStatus.RUNNING)
             decoding = rng.random() < 0.7
             seq.num_computed = seq.num_tokens - 1 if decoding else rng.randrange(0, seq.num_tokens - 1 or 1)
             seq.lookahead = rng.randrange(0, 5) if decoding else 0
@@ -253,7 +270,8 @@ def _gamma_cases() -> list[tuple[str, tuple]]:
     while len(cases) < 150:
         knee = rng.choice([1, 4, 16, 64, 256])
         base = rng.uniform(1e-3, 2e-2)
-        step = StepCosts([1, knee, knee + 1000], [base, base * rng.uniform(1.0, 1.3), base * (1 + 1000 / knee) * rng.uniform(0.5, 2)])
+        step = StepCosts([1, knee, knee + 1000],
+                         [base, base * rng.uniform(1.0, 1.3), base * (1 + 1000 / knee) * rng.uniform(0.5, 2)])
         c = rng.choice([0.0, 0.02, 0.1, 0.3])
         draft = StepCosts([1, 1000], [c * base, c * base * rng.uniform(1, 30)])
         alpha = rng.choice([0.0, 1.0, round(rng.random(), 3), round(rng.uniform(0.6, 0.95), 3)])

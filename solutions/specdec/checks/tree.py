@@ -11,7 +11,7 @@ from specdec import tree as ref
 from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, same, single_threaded
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
-from specdec.model import KVCache, LlamaConfig
+from specdec.models.model import KVCache, LlamaConfig
 
 _SEED = 7
 

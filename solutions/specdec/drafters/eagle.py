@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from specdec.model import Block, KVCache, Llama, LlamaConfig
+from specdec.models.model import Block, KVCache, Llama, LlamaConfig
 from specdec.validate import check_tensor
 
 

@@ -1,6 +1,7 @@
 """Notebook 12, the speculative loops of the self-drafters, batch 1, on the course's KV cache.
 
-The features are the LM head's input (after the final norm). Every loop keeps notebook 05's invariant: with P committed tokens the target's cache holds P - 1
+The features are the LM head's input (after the final norm). Every loop keeps notebook 05's invariant:
+with P committed tokens the target's cache holds P - 1
 (the last committed token, the round's root, is its next input). The self-drafters read what the
 target's verify forward computed anyway: Medusa the hidden state before the root, EAGLE the true
 features of every accepted position (fed to its own one-layer cache at the next round's start;
@@ -14,16 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.chain import verify_chain
+from specdec.chain import verify_drafts
 from specdec.drafters.dynamic_tree import expand_dynamic_tree
 from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
 from specdec.drafters.medusa import MedusaHeads, medusa_candidates, medusa_head_logits
-from specdec.engine import GREEDY, SamplingParams, check_request
-from specdec.greedy import greedy_verify
-from specdec.model import KVCache, Llama
+from specdec.models.model import KVCache, Llama
+from specdec.params import GREEDY, SamplingParams, check_request
 from specdec.sampling import sample
-from specdec.tree import Tree, _tree_attention_mask, compact_cache, flatten_tree, tree_mask, tree_position_ids
-from specdec.tree import verify_tree_greedy, verify_tree_sampling
+from specdec.tree import Tree, _tree_attention_mask, compact_cache, flatten_tree, tree_mask, tree_position_ids, verify_tree
 
 #: Medusa's tree for 4 heads: 3 candidates at depth 1, then narrower (16 nodes with the root).
 MEDUSA_CHOICES = [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
@@ -45,17 +44,12 @@ class DraftRun:
         return sum(self.committed) / len(self.committed) if self.committed else float("nan")
 
 
-def _prefill(target: Llama, prompt: list[int], params: SamplingParams, generator) -> tuple[KVCache, torch.Tensor, torch.Tensor, int]:
+def _prefill(target: Llama, prompt: list[int], params: SamplingParams,
+             generator) -> tuple[KVCache, torch.Tensor, torch.Tensor, int]:
     """The whole prompt through the target: (cache, logits (L, V), features (L, d), the first new token)."""
     cache = KVCache(target.config)
     logits, features = target(torch.tensor([prompt]), cache, return_hidden=True)
     return cache, logits[0], features[0], int(sample(params.probs(logits[0, -1]), generator))
-
-
-def _verify_tree(tokens: list[int], tree: Tree, logits: torch.Tensor, params: SamplingParams, generator):
-    if params.temperature == 0:
-        return verify_tree_greedy(torch.tensor(tokens), tree.parents, logits)
-    return verify_tree_sampling(torch.tensor(tokens), tree, params.probs(logits), generator)
 
 
 def _check(target: Llama, prompt: list[int], n_tokens: int, width: int) -> None:
@@ -85,7 +79,7 @@ def medusa_generate(target: Llama, heads: MedusaHeads, prompt: list[int], n_toke
         start = cache.length
         logits, feats = target(torch.tensor([nodes]), cache, tree_position_ids(start, tree.depths),
                                _tree_attention_mask(start, mask), return_hidden=True)
-        path, committed = _verify_tree(nodes, tree, logits[0], params, generator)
+        path, committed = verify_tree(torch.tensor(nodes), tree, logits[0], params, generator)
         compact_cache(cache, start, path)
         run.draft_s, run.target_s = run.draft_s + t1 - t0, run.target_s + time.perf_counter() - t1
         tokens += committed
@@ -129,10 +123,7 @@ def eagle_generate(target: Llama, drafter: EagleDrafter, prompt: list[int], n_to
         t1 = time.perf_counter()
         P = len(prompt) + len(tokens)
         logits, feats = target(torch.tensor([[root] + drafts]), cache, return_hidden=True)
-        if params.temperature == 0:
-            committed = greedy_verify(torch.tensor(drafts), logits[0]).tolist()
-        else:
-            committed = verify_chain(params.probs(logits[0]), torch.stack(q_rows), torch.tensor(drafts), generator).tolist()
+        committed = verify_drafts(drafts, torch.stack(q_rows), logits[0], params, generator)
         k = len(committed) - 1
         cache.crop(P + k)
         run.draft_s, run.target_s = run.draft_s + t1 - t0, run.target_s + time.perf_counter() - t1
@@ -189,7 +180,7 @@ def eagle2_generate(target: Llama, drafter: EagleDrafter, prompt: list[int], n_t
         start = cache.length
         logits, feats = target(torch.tensor([nodes]), cache, tree_position_ids(start, tree.depths),
                                _tree_attention_mask(start, tree_mask(parents)), return_hidden=True)
-        path, committed = _verify_tree(nodes, tree, logits[0], params, generator)
+        path, committed = verify_tree(torch.tensor(nodes), tree, logits[0], params, generator)
         compact_cache(cache, start, path)
         run.draft_s, run.target_s = run.draft_s + t1 - t0, run.target_s + time.perf_counter() - t1
         pending = eagle_inputs(feats[0, path], torch.tensor([root] + committed))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.model import LlamaConfig
+from specdec.models.model import LlamaConfig
 from specdec.validate import check_positive_int, check_positive_real
 
 KINDS = ("draft", "draft_tree", "medusa", "eagle", "eagle2", "lookup")

@@ -12,7 +12,7 @@ labels:
   against the target's distribution at t + 1 (the EAGLE paper's two terms and weights). Features are the
   LM head's input (after the target's final norm), as in EAGLE's released code.
 
-    python -m specdec.train --heads          # or: make heads
+    python -m specdec.drafters.train          # or: make heads
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from specdec import corpus, tokenizer
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.medusa import MedusaHeads
-from specdec.model import KVCache, Llama, LlamaConfig
+from specdec.models import corpus, tokenizer
+from specdec.models.cards import write_model_card
+from specdec.models.checkpoints import load
+from specdec.models.model import KVCache, Llama, LlamaConfig
 from specdec.paths import DATA_DIR
 
 MEDUSA_DECAY = 0.8  # weight of head k: 0.8^k (Medusa-1)
@@ -158,8 +160,6 @@ def load_eagle(path: Path | str = DATA_DIR / "models" / "eagle.safetensors") -> 
 
 
 def main(folder: Path = DATA_DIR / "models", sequences: int = 384, steps: int = 500) -> int:
-    from specdec.train import load
-
     target = load(folder / "target.safetensors")
     log: dict = {}
     start = time.perf_counter()
@@ -185,8 +185,6 @@ def main(folder: Path = DATA_DIR / "models", sequences: int = 384, steps: int = 
     print(f"eagle: {log['eagle']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
     (folder / "heads_log.json").write_text(json.dumps(log, indent=1) + "\n")
     plot_head_losses(log, folder / "heads_loss.png")
-    from specdec.train import write_model_card
-
     write_model_card(json.loads((folder / "train_log.json").read_text()), folder)
     return 0
 
@@ -209,35 +207,5 @@ def plot_head_losses(log: dict, path: Path) -> None:
     fig.savefig(path, dpi=80)
 
 
-def heads_card(folder: Path) -> str:
-    """The model card's section on the self-drafters, from heads_log.json (empty if they were never trained)."""
-    path = folder / "heads_log.json"
-    if not path.exists():
-        return ""
-    log = json.loads(path.read_text())
-    rows = []
-    for name, e in log.items():
-        size = (folder / f"{name}.safetensors").stat().st_size / 1e6
-        rows.append(f"| {name} | {e['params'] / 1e6:.2f}M | {e['steps']} x {e['batch_size']} sequences | "
-                    f"{e['train_seconds'] / 60:.1f} min on {e['threads']} threads | {e['losses'][0]:.3f} -> "
-                    f"{sum(e['losses'][-20:]) / len(e['losses'][-20:]):.3f} | {size:.1f} MB |")
-    e = next(iter(log.values()))
-    return f"""
-## Self-drafters (notebook 12)
-
-Trained by `make heads` (`python -m specdec.train --heads`) with the target frozen, on the target's own text:
-{e['sequences']} corpus windows of 64 bytes (half code, half math, training files only) continued by the
-target for 128 bytes at temperature 1 ({e['tokens']:,} tokens, made in {e['data_seconds']} s). Medusa-1: 4 heads,
-each a residual SiLU block on the target's normalised last hidden state (the LM head's input) and its own projection (initialised
-from the LM head), head k learning the target's distribution k + 2 positions ahead, weighted 0.8^k. EAGLE: one
-decoder layer of the target's shape (initialised from the target's last layer) after an fc over [feature;
-next-token embedding], trained with smooth L1 to the target's next feature + 0.1 x soft cross-entropy through
-the target's frozen LM head (features: the LM head's input, after the final norm). AdamW, lr 1e-3 with cosine
-decay.
-
-| drafter | parameters | steps | time | loss (first -> last 20) | file (bf16) |
-|---|---|---|---|---|---|
-{chr(10).join(rows)}
-
-![self-drafter training loss](heads_loss.png)
-"""
+if __name__ == "__main__":
+    raise SystemExit(main())

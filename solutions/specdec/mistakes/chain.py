@@ -82,7 +82,8 @@ MISTAKES: list[Mistake] = [
     Mistake("verify_chain", "bonus_argmax", lambda p, q, d, g=None: _chain(p, q, d, g, bonus_argmax=True),
             "the bonus token is the argmax of p[gamma]; in sampling mode it must be sampled from p[gamma]."),
     Mistake("verify_chain", "continue_after_rejection", lambda p, q, d, g=None: _chain(p, q, d, g, keep_going=True),
-            "verification goes on after a rejection; the drafts after it were conditioned on a token that is gone, so stop there."),
+            "verification goes on after a rejection; the drafts after it were conditioned on a token that is gone, "
+            "so stop there."),
     Mistake("verify_chain", "resample_from_p", lambda p, q, d, g=None: _chain(p, q, d, g, from_p=True),
             "the correction is drawn from p; draw it from the residual max(p - q, 0) normalised."),
     Mistake("verify_chain", "no_bonus", lambda p, q, d, g=None: _chain(p, q, d, g, bonus=False),
@@ -105,7 +106,8 @@ MISTAKES: list[Mistake] = [
             "gamma is chosen by tokens per round, ignoring what the round costs."),
     Mistake("verify_chain_batched", "bonus_argmax", _batched(lambda p, q, d, g=None: _chain(p, q, d, g, bonus_argmax=True)),
             "the bonus is the argmax of p[gamma]; sample it."),
-    Mistake("verify_chain_batched", "continue_after_rejection", _batched(lambda p, q, d, g=None: _chain(p, q, d, g, keep_going=True)),
+    Mistake("verify_chain_batched", "continue_after_rejection",
+            _batched(lambda p, q, d, g=None: _chain(p, q, d, g, keep_going=True)),
             "rows go on after their first rejection (count accepted with a cumulative product, not a sum)."),
     Mistake("verify_chain_batched", "bonus_after_rejection", _batched_bonus_always,
             "a bonus is written after the correction in rows that had a rejection; only fully accepted rows get a bonus."),
@@ -115,12 +117,14 @@ MISTAKES: list[Mistake] = [
             "the correction is drawn from p instead of the residual."),
     Mistake("speculative_round", "argmax_draft_softmax_q",
             lambda t, d, c, g, T, gen: _round(t, d, c, g, T, gen, argmax_draft=True),
-            "the draft token is the argmax but q is the softmax: q must be the distribution the token was drawn from (one-hot for a greedy draft)."),
+            "the draft token is the argmax but q is the softmax: q must be the distribution the token was drawn from "
+            "(one-hot for a greedy draft)."),
     Mistake("speculative_round", "target_at_temperature_1",
             lambda t, d, c, g, T, gen: _round(t, d, c, g, T, gen, p_temperature=1.0),
             "the target's probabilities ignore the temperature; p must apply the request's sampling settings."),
     Mistake("speculative_round", "draft_at_temperature_1", _round_draft_t1,
-            "the draft samples at temperature 1 but the verifier is told the tempered q; q must be what the draft sampled from (here: sample the draft at `temperature`, as stated)."),
+            "the draft samples at temperature 1 but the verifier is told the tempered q; q must be what the draft sampled from "
+            "(here: sample the draft at `temperature`, as stated)."),
     Mistake("verify_chain", "global_rng", lambda p, q, d, g=None: _chain(p, q, d, None),
             "Draw every uniform and every sample with the generator you are given."),
 ]

@@ -7,8 +7,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from specdec.drafters.memory import drafter_cost
 from specdec.drafters.medusa import ranked_tokens
+from specdec.drafters.memory import drafter_cost
 from specdec.mistakes import Mistake
 from specdec.tree import check_choices
 

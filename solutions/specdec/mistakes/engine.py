@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from specdec.chain import verify_chain
-from specdec.engine import GREEDY, StopCriteria, accept_until_stop, propose, rollback
+from specdec.engine import propose, rollback
 from specdec.greedy import greedy_verify
 from specdec.mistakes import Mistake
-from specdec.model import KVCache
+from specdec.models.model import KVCache
+from specdec.params import GREEDY, StopCriteria, accept_until_stop
 from specdec.sampling import sample
 
 

@@ -120,7 +120,8 @@ MISTAKES: list[Mistake] = [
     Mistake("round_shapes", "no_bonus_in_length", lambda P, g, k: _shapes(P, g, k, committed_len=P + k),
             "the committed length forgets the target's own token: every round commits k + 1."),
     Mistake("round_shapes", "no_catch_up", lambda P, g, k: _shapes(P, g, k, draft_cache_len=P + k, draft_catch_up=0),
-            "after a full acceptance the draft never fed its last draft token, so its cache holds P + gamma - 1 and it must catch up by one."),
+            "after a full acceptance the draft never fed its last draft token, so its cache holds P + gamma - 1 "
+            "and it must catch up by one."),
     Mistake("round_shapes", "gamma_positions", lambda P, g, k: _shapes(P, g, k, target_input_len=g, target_logit_rows=g),
             "the target is fed only the gamma drafts; it also needs the last committed token (gamma + 1 positions)."),
     Mistake("greedy_verify", "counts_after_mismatch", _count_all_matches,
@@ -130,7 +131,8 @@ MISTAKES: list[Mistake] = [
     Mistake("greedy_verify", "draft_at_mismatch", _draft_at_mismatch,
             "the draft's token is committed at the mismatch; commit the target's argmax there."),
     Mistake("greedy_verify", "off_by_one_rows", _off_by_one,
-            "drafts are compared with target[1:]; row i scores the token after prefix + draft[:i], so compare draft[i] with row i."),
+            "drafts are compared with target[1:]; row i scores the token after prefix + draft[:i], "
+            "so compare draft[i] with row i."),
     Mistake("greedy_verify_batched", "counts_after_mismatch", _batched(_count_all_matches),
             "matches after the first mismatch are counted (use a cumulative product to keep the leading run)."),
     Mistake("greedy_verify_batched", "no_bonus", _batched(_no_bonus),

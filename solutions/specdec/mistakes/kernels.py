@@ -13,7 +13,8 @@ import linecache
 from specdec import kernels  # first: it picks Triton's interpreter when there is no GPU
 from specdec.mistakes import Mistake
 
-import triton  # noqa: E402  (isort: after specdec.kernels)
+# isort: split
+import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 

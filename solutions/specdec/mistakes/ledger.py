@@ -82,7 +82,8 @@ MISTAKES: list[Mistake] = [
     Mistake("expected_tokens_per_round", "accepted_only", _expected_accepted_only,
             "only accepted drafts are counted; add the target's own token (correction or bonus)."),
     Mistake("expected_tokens_per_round", "linear", _expected_linear,
-            "acceptance is treated as independent per position (1 + gamma*a); draft i counts only if drafts 1..i are all accepted, probability a**i."),
+            "acceptance is treated as independent per position (1 + gamma*a); "
+            "draft i counts only if drafts 1..i are all accepted, probability a**i."),
     Mistake("expected_tokens_per_round", "no_a_equals_1", _expected_no_special_case,
             "a = 1 divides by zero; the sum 1 + a + ... + a**gamma is then gamma+1."),
     # speedup

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine import GREEDY, check_request
 from specdec.greedy import greedy_verify
 from specdec.lookup import find_match, propose_ngram
 from specdec.mistakes import Mistake
-from specdec.model import KVCache
+from specdec.models.model import KVCache
+from specdec.params import GREEDY, check_request
 from specdec.sampling import sample
 
 

@@ -91,7 +91,8 @@ MISTAKES: list[Mistake] = [
     Mistake("residual_distribution", "just_p", lambda p, q: p.double(),
             "p itself is the 'resample from p' rule; the residual is max(p - q, 0) normalised."),
     Mistake("verify_token", "resample_from_p", _resample_from_p,
-            "after a rejection the token is drawn from p; draw it from the residual max(p - q, 0) / sum, or tokens the draft already over-proposes get counted twice."),
+            "after a rejection the token is drawn from p; draw it from the residual max(p - q, 0) / sum, "
+            "or tokens the draft already over-proposes get counted twice."),
     Mistake("verify_token", "u_less_equal", _u_less_equal,
             "u <= p/q accepts at u = 0 even when p(y) = 0; use a strict u < p(y)/q(y)."),
     Mistake("verify_token", "inverted_ratio", _accept_by_q_over_p,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from specdec.engine import accept_until_stop
 from specdec.ledger import expected_tokens_per_round
 from specdec.mistakes import Mistake
+from specdec.params import StopCriteria, accept_until_stop
 from specdec.serving.blocks import blocks_for
+from specdec.serving.sequence import SeqStatus
 
 
 # ---- reserve_slots ------------------------------------------------------------------------
@@ -62,15 +63,13 @@ def _commit(seqs, committed, gammas, *, same_k=False, ignore_stops=False, no_max
             emitted = list(tokens[: max(seq.stop.max_tokens - len(seq.output), 0)])
             finished = len(seq.output) + len(emitted) >= seq.stop.max_tokens
         elif no_max:
-            from specdec.engine import StopCriteria
-
             relaxed = StopCriteria(10**9, seq.stop.stop_token_ids, seq.stop.stop_sequences)
             emitted, finished = accept_until_stop(seq.output, tokens, relaxed)
         else:
             emitted, finished = accept_until_stop(seq.output, tokens, seq.stop)
         seq.output += emitted
-        if not keep_finished:
-            seq.finished = finished
+        if finished and not keep_finished:
+            seq.status = SeqStatus.FINISHED
         seq.num_computed = {"emitted": P + len(emitted) - 1, "gamma": P + gamma, "k": P + k}[computed]
         if gamma >= 1 or draft_on_zero:
             value = P + (k if draft == "k" else min(k, gamma - 1))
@@ -82,7 +81,7 @@ def _commit(seqs, committed, gammas, *, same_k=False, ignore_stops=False, no_max
 # ---- schedule_step ------------------------------------------------------------------------
 def _schedule(running, waiting, token_budget, num_free_blocks, block_size, *, lookahead=True, budget_cap=True,
               waiting_first=False, admit_after_preempt=False, overtake=False, victim="last", count_victim=True,
-              need_from="computed"):
+              need_from="computed", ids=False):
     scheduled, preempted = {}, []
     state = {"budget": token_budget, "free": num_free_blocks}
 
@@ -106,12 +105,12 @@ def _schedule(running, waiting, token_budget, num_free_blocks, block_size, *, lo
                 v = queue.pop() if victim == "last" else queue.pop(i + 1)
                 if count_victim:
                     state["free"] += len(v.block_table)
-                preempted.append(v.seq_id)
+                preempted.append(v)
             if need > state["free"]:
-                preempted.append(seq.seq_id)
+                preempted.append(seq)
                 queue.pop(i)
                 break
-            scheduled[seq.seq_id] = n
+            scheduled[seq] = n
             state["budget"] -= n
             state["free"] -= need
             i += 1
@@ -124,7 +123,7 @@ def _schedule(running, waiting, token_budget, num_free_blocks, block_size, *, lo
                 if overtake:
                     continue
                 break
-            scheduled[seq.seq_id] = n
+            scheduled[seq] = n
             state["budget"] -= n
             state["free"] -= need
 
@@ -135,6 +134,8 @@ def _schedule(running, waiting, token_budget, num_free_blocks, block_size, *, lo
         serve_running()
         if not preempted or admit_after_preempt:
             serve_waiting()
+    if ids:  # the old contract: ids, so the engine had to look every request up again
+        return {s.seq_id: n for s, n in scheduled.items()}, [s.seq_id for s in preempted]
     return scheduled, preempted
 
 
@@ -207,7 +208,7 @@ MISTAKES = [
     _m("commit_round", "draft_updated_without_drafting", lambda *a: _commit(*a, draft_on_zero=True),
        "a row that verified no drafts (gamma 0) did not run the draft: leave its draft_computed unchanged."),
     _m("commit_round", "never_finished", lambda *a: _commit(*a, keep_finished=True),
-       "set seq.finished = True when a stop or max_tokens ended the request, so the engine frees its blocks."),
+       "set seq.status = SeqStatus.FINISHED when a stop or max_tokens ended the request, so the engine frees its blocks."),
     _m("schedule_step", "no_lookahead", lambda *a: _schedule(*a, lookahead=False),
        "a decoding row feeds its last token and its lookahead drafts: want = num_tokens - num_computed + lookahead. "
        "Without the lookahead no slots are reserved for the drafts."),
@@ -227,6 +228,9 @@ MISTAKES = [
     _m("schedule_step", "blocks_from_want", lambda *a: _schedule(*a, need_from="tokens"),
        "the blocks needed cover num_computed + n slots, n being what the row was granted (a chunk may be "
        "less than it wants)."),
+    _m("schedule_step", "returns_ids", lambda *a: _schedule(*a, ids=True),
+       "return the Seq objects themselves, {seq: n} and [seq, ...], not their seq_id: the engine uses them "
+       "directly."),
     _m("choose_gamma", "verify_ignores_batch", lambda *a: _choose(*a, batch_verify=False),
        "the target's forward carries batch_size * (gamma + 1) tokens: every row verifies its own drafts."),
     _m("choose_gamma", "linear_expected_tokens", lambda *a: _choose(*a, linear=True),

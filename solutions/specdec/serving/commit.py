@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specdec.engine import accept_until_stop
-from specdec.serving.sequence import Seq
+from specdec.params import accept_until_stop
+from specdec.serving.sequence import Seq, SeqStatus
 
 
 def commit_round(seqs: list[Seq], committed: list[list[int]], gammas: list[int]) -> list[list[int]]:
@@ -15,7 +15,8 @@ def commit_round(seqs: list[Seq], committed: list[list[int]], gammas: list[int])
 
     - emit ``committed[b]`` up to and including the first token that ends the request (its
       max_tokens-th new token, a stop token, the end of a stop sequence: notebook 05's
-      ``accept_until_stop``); append them to ``output``; set ``finished`` if it ended;
+      ``accept_until_stop``); append them to ``output``; if it ended, set ``status`` to
+      ``SeqStatus.FINISHED`` (otherwise leave it);
     - the target's cache now holds every emitted token but the last:
       ``num_computed = P + len(emitted) - 1``;
     - if the row drafted (``gammas[b] >= 1``) the draft fed its pending tokens and all but its
@@ -32,8 +33,10 @@ def commit_round(seqs: list[Seq], committed: list[list[int]], gammas: list[int])
     emitted_rows = []
     for seq, tokens, gamma in zip(seqs, committed, gammas):
         P, k = seq.num_tokens, len(tokens) - 1
-        emitted, seq.finished = accept_until_stop(seq.output, tokens, seq.stop)
+        emitted, ended = accept_until_stop(seq.output, tokens, seq.stop)
         seq.output += emitted
+        if ended:
+            seq.status = SeqStatus.FINISHED
         seq.num_computed = P + len(emitted) - 1
         if gamma >= 1:
             seq.draft_computed = min(P + min(k, gamma - 1), seq.num_computed)

@@ -23,30 +23,44 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from specdec import tokenizer
-from specdec.chain import verify_chain
-from specdec.engine import GREEDY, SamplingParams, StopCriteria, check_vocabularies
-from specdec.greedy import greedy_verify
-from specdec.model import Llama
+from specdec.chain import verify_drafts
+from specdec.models import tokenizer
+from specdec.models.model import Llama
+from specdec.params import GREEDY, SamplingParams, StopCriteria, check_vocabularies
 from specdec.sampling import sample
 from specdec.serving.adaptive import BatchCosts, StepCosts, acceptance_estimate, choose_gamma
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
 from specdec.serving.scheduler import schedule_step
-from specdec.serving.sequence import Seq
+from specdec.serving.sequence import Seq, SeqStatus
 from specdec.validate import check_positive_int
 
-
-PARTS: dict[str, Callable] = {"reserve_slots": reserve_slots, "release_slots": release_slots, "slot_mapping": slot_mapping,
-                               "commit_round": commit_round, "schedule_step": schedule_step, "choose_gamma": choose_gamma}
 AUTO_DECAY = 0.99  # old acceptance evidence fades: about 100 steps
 OVERHEAD_DECAY = 0.9  # moving average of the per-forward overheads over about 10 steps
 AUTO_PROBE_BELOW = 8.0  # with fewer recent drafts than this, "auto" drafts at least one token (explores)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The exercises' functions the engine calls: the reference's, or yours, for example
+    ``Parts(commit_round=my_commit_round, schedule_step=my_schedule_step)``."""
+
+    reserve_slots: Callable[[list[int], list[int], int, int], bool] = reserve_slots
+    release_slots: Callable[[list[int], list[int], int, int], None] = release_slots
+    slot_mapping: Callable[[list[list[int]], list[int], list[int], int], torch.Tensor] = slot_mapping
+    commit_round: Callable[[list[Seq], list[list[int]], list[int]], list[list[int]]] = commit_round
+    schedule_step: Callable[[list[Seq], list[Seq], int, int, int], tuple[dict[Seq, int], list[Seq]]] = schedule_step
+    choose_gamma: Callable[..., int] = choose_gamma
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not callable(getattr(self, f.name)):
+                raise TypeError(f"Parts.{f.name} must be a function, got {getattr(self, f.name)!r}")
 
 
 @dataclass
@@ -69,9 +83,8 @@ class ServingEngine:
     def __init__(self, target: Llama, draft: Llama | None = None, *, num_blocks: int = 512, block_size: int = 16,
                  token_budget: int = 512, max_gamma: int = 8,
                  costs: tuple[BatchCosts | StepCosts, BatchCosts | StepCosts] | None = None,
-                 parts: dict[str, Callable] | None = None) -> None:
-        """``parts``: your own versions of the exercises' functions, by name (reserve_slots, release_slots,
-        slot_mapping, commit_round, schedule_step, choose_gamma); the reference's are used for the rest."""
+                 parts: Parts = Parts()) -> None:
+        """``parts``: the exercises' functions to use (:class:`Parts`; the reference's by default)."""
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
@@ -89,12 +102,11 @@ class ServingEngine:
         self.done: dict[int, Seq] = {}
         self.steps: list[StepRecord] = []
         self.costs = tuple(c if isinstance(c, BatchCosts) else BatchCosts.from_token_costs(c) for c in costs) if costs else None
-        unknown = set(parts or {}) - set(PARTS)
-        if unknown:
-            raise ValueError(f"unknown parts {sorted(unknown)}: the engine's parts are {sorted(PARTS)}")
-        self.parts = {**PARTS, **(parts or {})}
+        if not isinstance(parts, Parts):
+            raise TypeError(f"parts must be a Parts, for example Parts(commit_round=commit_round), got {type(parts).__name__}")
+        self.parts = parts
         self.last_step: dict = {}  # the last step's batch, for inspection
-        self._caught_up = False
+        self._draft_was_behind = False  # the last drafting step fed a catch-up (a row that drafted nothing for a while)
         self.target_overhead_s = self.draft_overhead_s = 0.0  # seconds per step / per draft forward, see _learn_overheads
         self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted and proposed drafts, decayed by AUTO_DECAY per step
         self._next_id = 0
@@ -102,7 +114,7 @@ class ServingEngine:
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt: Sequence[int] | str, max_tokens: int, params: SamplingParams = GREEDY, *,
                     stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), gamma: int | str = 0,
-                    seed: int | None = None, arrival_s: float | None = None) -> int:
+                    seed: int | None = None, arrival_time: float | None = None) -> int:
         """Queue a request; returns its id. Raises ValueError or TypeError, leaving the engine as it was,
         if the request is malformed or can never fit."""
         tokens = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -133,7 +145,7 @@ class ServingEngine:
                              f"of {self.block_size} slots; the engine has {self.num_blocks} in all")
         seq = Seq(self._next_id, tokens, StopCriteria(max_tokens, tuple(stop_token_ids), stop_sequences), params, gamma,
                   generator=torch.Generator().manual_seed(seed if seed is not None else self._next_id),
-                  arrival_s=time.perf_counter() if arrival_s is None else arrival_s)
+                  arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
         self._next_id += 1
         self.waiting.append(seq)
         return seq.seq_id
@@ -153,22 +165,24 @@ class ServingEngine:
         """One scheduler step and one target forward; the tokens each request emitted."""
         start = time.perf_counter()
         self._set_lookahead()
-        scheduled, preempted = self.parts["schedule_step"](self.running, self.waiting, self.token_budget,
-                                                           len(self.free_blocks), self.block_size)
+        scheduled, preempted = self.parts.schedule_step(self.running, self.waiting, self.token_budget,
+                                                        len(self.free_blocks), self.block_size)
         self._preempt(preempted)
-        admitted = [s for s in self.waiting if s.seq_id in scheduled]
-        self.waiting = [s for s in self.waiting if s.seq_id not in scheduled]
+        admitted = [s for s in self.waiting if s in scheduled]
+        self.waiting = [s for s in self.waiting if s not in scheduled]
+        for seq in admitted:
+            seq.status = SeqStatus.RUNNING
         self.running += admitted
-        rows = [s for s in self.running if s.seq_id in scheduled]
+        rows = [s for s in self.running if s in scheduled]
         for seq in rows:
-            if not self.parts["reserve_slots"](self.free_blocks, seq.block_table, seq.num_computed + scheduled[seq.seq_id],
-                                               self.block_size):
+            if not self.parts.reserve_slots(self.free_blocks, seq.block_table, seq.num_computed + scheduled[seq],
+                                            self.block_size):
                 raise RuntimeError(f"the scheduler granted request {seq.seq_id} blocks that are not free")
         if not rows:
             if self.running or self.waiting:
                 raise RuntimeError("no request could be scheduled: the token budget or the KV blocks are too small")
             return {}
-        gammas = [scheduled[s.seq_id] - 1 if self._decoding(s) and s.lookahead else 0 for s in rows]
+        gammas = [scheduled[s] - 1 if self._decoding(s) and s.lookahead else 0 for s in rows]
         decoding = sum(self._decoding(s) for s in rows)
         drafting = time.perf_counter()
         drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
@@ -192,7 +206,7 @@ class ServingEngine:
         rate = 1 - OVERHEAD_DECAY
         extra = max(other_s - self.costs[0](rows, tokens / rows), 0.0)
         self.target_overhead_s += rate * (extra - self.target_overhead_s)
-        if draft_forwards and not self._caught_up:  # a catch-up forward is not the cost of drafting
+        if draft_forwards and not self._draft_was_behind:  # a catch-up forward is not the cost of drafting
             extra = max(draft_s / draft_forwards - self.costs[1](draft_rows, 1), 0.0)
             self.draft_overhead_s += rate * (extra - self.draft_overhead_s)
 
@@ -209,7 +223,7 @@ class ServingEngine:
             accepted, proposed = self.auto_evidence
             target_s, draft_s, B = self.target_overhead_s, self.draft_overhead_s, len(decoding)
             verify = costs[0].at_batch(B)  # B rows of 1 + gamma tokens each
-            auto_gamma = self.parts["choose_gamma"](acceptance_estimate(accepted, proposed), B,
+            auto_gamma = self.parts.choose_gamma(acceptance_estimate(accepted, proposed), B,
                                                     lambda n: verify(n) + target_s, lambda n: costs[1](n, 1) + draft_s,
                                                     self.max_gamma)
             if proposed < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
@@ -219,11 +233,13 @@ class ServingEngine:
             remaining = seq.stop.max_tokens - len(seq.output)  # never draft past max_tokens
             seq.lookahead = min(wanted, remaining - 1) if self._decoding(seq) else 0
 
-    def _preempt(self, ids: list[int]) -> None:
-        for seq_id in ids:
-            seq = next(s for s in self.running if s.seq_id == seq_id)
-            self.parts["release_slots"](self.free_blocks, seq.block_table, 0, self.block_size)
+    def _preempt(self, seqs: list[Seq]) -> None:
+        for seq in seqs:
+            if seq not in self.running:
+                raise RuntimeError(f"the scheduler preempted {seq!r}, which is not running")
+            self.parts.release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
             seq.num_computed = seq.draft_computed = seq.lookahead = 0
+            seq.status = SeqStatus.WAITING
             seq.preemptions += 1
             self.running.remove(seq)
             self.waiting.insert(0, seq)  # recomputed first, before any new request
@@ -233,13 +249,13 @@ class ServingEngine:
         drafts: dict[int, list[int]] = {s.seq_id: [] for s in rows}
         q_rows: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in rows}
         feeds = {s.seq_id: s.tokens[s.draft_computed:] for s in rows}
-        self._caught_up = max((len(f) for f in feeds.values()), default=0) > 2  # a draft that fell behind while off
+        self._draft_was_behind = max((len(f) for f in feeds.values()), default=0) > 2  # it fell behind while off
         for j in range(max(gammas, default=0)):
             active = [s for s, g in zip(rows, gammas) if g > j]
             batch = RaggedBatch([feeds[s.seq_id] for s in active], [s.draft_computed for s in active],
                                 [s.block_table for s in active])
             logits = paged_forward(self.draft, self.draft_kv, batch, [[len(feeds[s.seq_id]) - 1] for s in active],
-                                   self.parts["slot_mapping"])
+                                   self.parts.slot_mapping)
             for seq, q, token in zip(active, *_sample_rows(active, torch.cat(logits))):
                 seq.draft_computed += len(feeds[seq.seq_id])
                 drafts[seq.seq_id].append(token)
@@ -247,7 +263,7 @@ class ServingEngine:
                 feeds[seq.seq_id] = [token]
         return drafts, {k: torch.stack(v) for k, v in q_rows.items() if v}
 
-    def _verify_and_commit(self, rows: list[Seq], gammas: list[int], scheduled: dict[int, int],
+    def _verify_and_commit(self, rows: list[Seq], gammas: list[int], scheduled: dict[Seq, int],
                            drafts: dict[int, list[int]], qs: dict[int, torch.Tensor]) -> dict[int, list[int]]:
         feeds, logit_rows = [], []
         for seq, gamma in zip(rows, gammas):
@@ -255,23 +271,19 @@ class ServingEngine:
                 feeds.append(seq.tokens[-1:] + drafts[seq.seq_id])
                 logit_rows.append(list(range(gamma + 1)))
             else:
-                n = scheduled[seq.seq_id]
+                n = scheduled[seq]
                 feeds.append(seq.tokens[seq.num_computed : seq.num_computed + n])
                 logit_rows.append([n - 1] if seq.num_computed + n == seq.num_tokens else [])  # last chunk: sample
         batch = RaggedBatch(feeds, [s.num_computed for s in rows], [s.block_table for s in rows])
         self.last_step = {"seq_ids": [s.seq_id for s in rows], "batch": batch, "gammas": list(gammas)}
-        logits = paged_forward(self.target, self.kv, batch, logit_rows, self.parts["slot_mapping"])
+        logits = paged_forward(self.target, self.kv, batch, logit_rows, self.parts.slot_mapping)
         committing, committed, committing_gammas = [], [], []
         for seq, gamma, row_logits, feed in zip(rows, gammas, logits, feeds):
             if not len(row_logits):  # a prefill chunk that is not the prompt's last
                 seq.num_computed += len(feed)
                 continue
             if gamma:
-                proposal = torch.tensor(drafts[seq.seq_id])
-                if seq.params.temperature == 0:
-                    tokens = greedy_verify(proposal, row_logits).tolist()
-                else:
-                    tokens = verify_chain(seq.params.probs(row_logits), qs[seq.seq_id], proposal, seq.generator).tolist()
+                tokens = verify_drafts(drafts[seq.seq_id], qs[seq.seq_id], row_logits, seq.params, seq.generator)
                 seq.proposed, seq.accepted = seq.proposed + gamma, seq.accepted + len(tokens) - 1
                 if seq.gamma == "auto":
                     accepted, proposed = self.auto_evidence
@@ -281,20 +293,20 @@ class ServingEngine:
             committing.append(seq)
             committed.append(tokens)
             committing_gammas.append(gamma)
-        emitted_rows = self.parts["commit_round"](committing, committed, committing_gammas)
+        emitted_rows = self.parts.commit_round(committing, committed, committing_gammas)
         self.last_step["emitted"] = {}
         now, emitted = time.perf_counter(), self.last_step["emitted"]
         for seq, tokens in zip(committing, emitted_rows):
             emitted[seq.seq_id] = tokens
-            if seq.first_token_s is None:
-                seq.first_token_s = now
-            if seq.finished:
-                seq.finish_s = now
-                self.parts["release_slots"](self.free_blocks, seq.block_table, 0, self.block_size)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if seq.is_finished:
+                seq.finish_time = now
+                self.parts.release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
                 self.running.remove(seq)
                 self.done[seq.seq_id] = seq
             else:
-                self.parts["release_slots"](self.free_blocks, seq.block_table, seq.num_computed, self.block_size)
+                self.parts.release_slots(self.free_blocks, seq.block_table, seq.num_computed, self.block_size)
         return emitted
 
     # ---- costs ------------------------------------------------------------------------------
@@ -305,8 +317,12 @@ class ServingEngine:
         if self.draft is None:
             raise ValueError("measuring speculation's costs needs a draft model")
         context = min(context, self.target.config.max_seq_len - max(per_row), self.draft.config.max_seq_len - max(per_row))
-        self.costs = tuple(BatchCosts.measure(lambda r, k, m=m: _decode_forward(m, r, k, context, self.block_size),
-                                              list(rows), list(per_row)) for m in (self.target, self.draft))
+        num_blocks = max(rows) * blocks_for(context + max(per_row), self.block_size)
+        costs = []
+        for model in (self.target, self.draft):
+            kv = _scratch_kv(model, num_blocks, self.block_size)  # dropped when the measurement ends
+            costs.append(BatchCosts.measure(lambda r, k: _decode_forward(model, kv, r, k, context), list(rows), list(per_row)))
+        self.costs = tuple(costs)
         return self.costs
 
 
@@ -332,21 +348,14 @@ def _stop_sequences(stop: str | Sequence[str]) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(tokenizer.encode(s)) for s in strings)
 
 
+def _scratch_kv(model: Llama, num_blocks: int, block_size: int) -> PagedKV:
+    """A paged cache that only :meth:`ServingEngine.measure_costs` writes to, freed when it returns."""
+    return PagedKV(model.config, num_blocks, block_size, next(model.parameters()).dtype)
+
+
 @torch.inference_mode()
-def _decode_forward(model: Llama, rows: int, per_row: int, context: int, block_size: int) -> None:
+def _decode_forward(model: Llama, kv: PagedKV, rows: int, per_row: int, context: int) -> None:
     """One forward of ``rows`` rows of ``per_row`` new tokens each over ``context`` cached positions."""
-    blocks = blocks_for(context + per_row, block_size)
-    kv = _scratch_kv(model, rows * blocks, block_size)
+    blocks = blocks_for(context + per_row, kv.block_size)
     tables = [list(range(b * blocks, (b + 1) * blocks)) for b in range(rows)]
     paged_forward(model, kv, RaggedBatch([[1] * per_row] * rows, [context] * rows, tables))
-
-
-_SCRATCH: dict[tuple[int, int, int], PagedKV] = {}
-
-
-def _scratch_kv(model: Llama, num_blocks: int, block_size: int) -> PagedKV:
-    key = (id(model), num_blocks, block_size)
-    if key not in _SCRATCH:
-        _SCRATCH.clear()
-        _SCRATCH[key] = PagedKV(model.config, num_blocks, block_size, next(model.parameters()).dtype)
-    return _SCRATCH[key]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from specdec.model import KVCache, Llama, apply_rope
+from specdec.models.model import KVCache, Llama, apply_rope
 
 
 @torch.inference_mode()

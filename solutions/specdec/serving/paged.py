@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.model import Llama, LlamaConfig, apply_rope
+from specdec.models.model import Llama, LlamaConfig, apply_rope
 from specdec.serving.blocks import blocks_for, slot_mapping
 
 

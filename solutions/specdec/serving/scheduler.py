@@ -16,8 +16,9 @@ from specdec.validate import check_positive_int
 
 
 def schedule_step(running: list[Seq], waiting: list[Seq], token_budget: int, num_free_blocks: int,
-                  block_size: int) -> tuple[dict[int, int], list[int]]:
-    """Tokens per scheduled request, ``{seq_id: n}``, and the ids preempted, in the order preempted.
+                  block_size: int) -> tuple[dict[Seq, int], list[Seq]]:
+    """The requests scheduled, with the tokens each feeds (``{seq: n}``), and the requests preempted, in the
+    order preempted: the ``Seq`` objects themselves, never their ids. Changes neither list nor any request.
 
     1. Running rows, in list order. A row wants ``num_tokens - num_computed + lookahead``
        tokens and gets ``min(want, budget left)``; a row that gets 0 is not scheduled. Its
@@ -32,8 +33,8 @@ def schedule_step(running: list[Seq], waiting: list[Seq], token_budget: int, num
     check_positive_int(num_free_blocks, "num_free_blocks", minimum=0)
     check_positive_int(block_size, "block_size")
     ### BEGIN SOLUTION
-    scheduled: dict[int, int] = {}
-    preempted: list[int] = []
+    scheduled: dict[Seq, int] = {}
+    preempted: list[Seq] = []
     budget, free = token_budget, num_free_blocks
     queue = list(running)
     i = 0
@@ -47,12 +48,12 @@ def schedule_step(running: list[Seq], waiting: list[Seq], token_budget: int, num
         while need > free and len(queue) > i + 1:
             victim = queue.pop()
             free += len(victim.block_table)
-            preempted.append(victim.seq_id)
+            preempted.append(victim)
         if need > free:  # nobody left to preempt but the row itself
-            preempted.append(seq.seq_id)
+            preempted.append(seq)
             queue.pop(i)
             break
-        scheduled[seq.seq_id] = n
+        scheduled[seq] = n
         budget, free = budget - n, free - need
         i += 1
     if preempted:
@@ -62,7 +63,7 @@ def schedule_step(running: list[Seq], waiting: list[Seq], token_budget: int, num
         need = max(blocks_for(seq.num_computed + n, block_size) - len(seq.block_table), 0)
         if n <= 0 or need > free:
             break
-        scheduled[seq.seq_id] = n
+        scheduled[seq] = n
         budget, free = budget - n, free - need
     return scheduled, preempted
     ### END SOLUTION

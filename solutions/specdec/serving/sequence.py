@@ -1,21 +1,31 @@
-"""A request and its state inside the serving engine (imports nothing of the engine)."""
+"""A request and its state inside the serving engine. Built on the shared types only (:mod:`specdec.params`)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
 
-from specdec.engine import GREEDY, SamplingParams, StopCriteria
+from specdec.params import GREEDY, SamplingParams, StopCriteria
+
+
+class SeqStatus(enum.Enum):
+    """Where a request stands: queued (new or preempted), in the running batch, or done."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
 
 
 @dataclass(eq=False)
 class Seq:
-    """One request: what was asked, and where it stands.
+    """One request: what was asked, and where it stands. Compared and hashed by identity.
 
     ``num_computed``: tokens whose K and V the target's cache holds (for a decoding row,
     every committed token but the last); ``draft_computed``: the same for the draft.
     ``lookahead``: drafts this row wants in the next step (0: plain decoding).
+    Times are ``time.perf_counter()`` readings.
     """
 
     seq_id: int
@@ -28,15 +38,18 @@ class Seq:
     draft_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     lookahead: int = 0
-    finished: bool = False
+    status: SeqStatus = SeqStatus.WAITING
     generator: torch.Generator | None = field(default=None, repr=False)
     # measurements
-    arrival_s: float = 0.0
-    first_token_s: float | None = None
-    finish_s: float | None = None
+    arrival_time: float = 0.0
+    first_token_time: float | None = None
+    finish_time: float | None = None
     proposed: int = 0
     accepted: int = 0
     preemptions: int = 0
+
+    def __repr__(self) -> str:  # short, for schedules and error messages: Seq#3
+        return f"Seq#{self.seq_id}"
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +59,10 @@ class Seq:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
 
     @property
     def acceptance(self) -> float | None:

@@ -38,8 +38,8 @@ from urllib.parse import urlparse
 
 import torch
 
-from specdec.hf import quiet_transformers
-from specdec.model import KVCache
+from specdec.models.hf import quiet_transformers
+from specdec.models.model import KVCache
 
 DEFAULT_MAX_SEQ_LEN = 2048  # for a config that states no context length
 
@@ -100,7 +100,7 @@ class PretrainedConfig:
     vocab_size: int  # the logits' width (the LM head's rows; may exceed the tokenizer's size)
     max_seq_len: int
     hf_config: Any  # the transformers PretrainedConfig
-    vocab_fingerprint: str | None = None  # sha1 of the tokenizer's id -> token map (engine.check_vocabularies)
+    vocab_fingerprint: str | None = None  # sha1 of the tokenizer's id -> token map (params.check_vocabularies)
     cache_class: ClassVar[type] = PretrainedCache  # what KVCache(config) builds
 
 
@@ -134,7 +134,7 @@ class PretrainedLM:
                  mask: torch.Tensor | None = None, return_hidden: bool = False) -> torch.Tensor:
         if position_ids is not None or mask is not None or return_hidden:
             raise NotImplementedError(
-                "a Hugging Face model through specdec.pretrained takes tokens and a cache only: tree masks, explicit "
+                "a Hugging Face model through specdec.models.pretrained takes tokens and a cache only: tree masks, explicit "
                 "positions and hidden-state features belong to the course's Llama (notebooks 07 and 12)")
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (B, T) tensor of token ids, got {tuple(tokens.shape)} {tokens.dtype}")
@@ -182,7 +182,7 @@ def share_vocabulary(target: PretrainedLM, draft: PretrainedLM) -> int | None:
     Checkpoints pad the LM head for faster matrix products (Qwen2.5-7B has 152,064 rows, 0.5B-3B 151,936, for a
     tokenizer of about 151,665 tokens). The rows past the tokenizer are no token at all, so both models' logits
     are cut to the smaller width, which still covers every token. Returns the new width, or None if nothing was
-    cut (the same width, or not the same tokenizer: engine.check_vocabularies then explains)."""
+    cut (the same width, or not the same tokenizer: params.check_vocabularies then explains)."""
     widths = target.config.vocab_size, draft.config.vocab_size
     same = target.config.vocab_fingerprint is not None and target.config.vocab_fingerprint == draft.config.vocab_fingerprint
     if widths[0] == widths[1] or not same or min(widths) < len(target.tokenizer):
@@ -256,7 +256,7 @@ def locate(name_or_path: str) -> tuple[str, bool]:
         f"{name_or_path!r} could not be found locally (not a folder here, not in the Hugging Face cache) and the hub "
         "cannot be reached from this machine. Get it where there is network, then point at the folder:\n"
         f"  hf download {name_or_path} --local-dir models/{name_or_path.split('/')[-1]}\n"
-        f"  python -m specdec.bench --target models/{name_or_path.split('/')[-1]} ...\n"
+        f"  python -m specdec.bench.speculative --target models/{name_or_path.split('/')[-1]} ...\n"
         "(or download it into the cache with the same command without --local-dir, then pass the name; gated models "
         "such as meta-llama/* also need `hf auth login` and an accepted licence)")
 

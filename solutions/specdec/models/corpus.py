@@ -4,7 +4,7 @@
   are split into train and held-out by a hash of their path, so prompts are unseen.
 - math: step-by-step arithmetic word problems from the course's own generator.
 
-``python -m specdec.corpus`` writes the held-out prompt sets to data/prompts/.
+``python -m specdec.models.corpus`` writes the held-out prompt sets to data/prompts/.
 """
 
 from __future__ import annotations

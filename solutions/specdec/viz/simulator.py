@@ -111,7 +111,8 @@ def simulator(scenario: Scenario | None = None):
         "a": widgets.FloatSlider(value=s.a, min=0.0, max=1.0, step=0.01, description="acceptance a"),
         "gamma": widgets.IntSlider(value=s.gamma, min=1, max=16, description="draft length gamma"),
         "c": widgets.FloatSlider(value=s.c, min=0.0, max=0.5, step=0.005, readout_format=".3f", description="cost ratio c"),
-        "params_b": widgets.FloatLogSlider(value=s.params_b, base=10, min=0, max=2.7, step=0.01, description="target size (B params)"),
+        "params_b": widgets.FloatLogSlider(value=s.params_b, base=10, min=0, max=2.7, step=0.01,
+                                           description="target size (B params)"),
         "bandwidth_gbs": widgets.FloatSlider(value=s.bandwidth_gbs, min=100, max=8000, step=10, description="bandwidth (GB/s)"),
         "batch": widgets.IntSlider(value=s.batch, min=1, max=1024, description="batch size"),
     }

@@ -1,6 +1,6 @@
 """Time every graded test cell of the instructor notebooks (a benchmark, not a test).
 
-``python -m specdec.bench_cells [SLUG ...]`` (``make bench-cells``) runs each source notebook in
+``python -m specdec.bench.cells [SLUG ...]`` (``make bench-cells``) runs each source notebook in
 its own process with one torch thread (the cohort grader's setting), every code cell in order,
 and prints the seconds each graded test cell took (its visible and hidden tests), slowest first,
 with the notebook's total. The budget is 10 s per graded cell on a quiet machine, well inside
@@ -20,7 +20,7 @@ import time
 
 import nbformat
 
-from specdec.course import assignments, source_notebook
+from specdec.course.driver import assignments, source_notebook
 
 BUDGET_S = 10.0
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for slug in slugs:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, "-m", "specdec.bench_cells", "--one", slug], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "specdec.bench.cells", "--one", slug], capture_output=True,
                               text=True, env=env)
         if done.returncode != 0:
             print(f"{slug}: failed\n{done.stderr[-2000:]}", file=sys.stderr)

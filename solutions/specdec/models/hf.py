@@ -5,9 +5,9 @@ parameter names are Hugging Face's, under ``model.``), so logits and greedy toke
 compared with an implementation nobody here wrote, and the benchmark can run
 transformers' own assisted generation and prompt lookup on the same checkpoints.
 
-``python -m specdec.hf`` (``make hf-models``) writes the shipped checkpoints as Hugging Face
+``python -m specdec.models.hf`` (``make hf-models``) writes the shipped checkpoints as Hugging Face
 model folders (config.json, model.safetensors, and a byte-level tokenizer that
-``AutoTokenizer`` loads), so the loading code for real models (:mod:`specdec.pretrained`) is
+``AutoTokenizer`` loads), so the loading code for real models (:mod:`specdec.models.pretrained`) is
 exercised offline on what the course ships. transformers is optional:
 ``pip install -e ".[hf]"`` (the test extra includes it).
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.model import Llama
+from specdec.models.model import Llama
 from specdec.paths import DATA_DIR
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ def save_folder(model: Llama, folder: Path | str, dtype: torch.dtype = torch.bfl
 
 def export_course_models(out: Path | str, models: Path | str = DATA_DIR / "models") -> dict[str, Path]:
     """data/models' target and draft as Hugging Face folders out/target and out/draft."""
-    from specdec.train import load_pair
+    from specdec.models.checkpoints import load_pair
 
     target, draft = load_pair(models)
     return {name: save_folder(model, Path(out) / name) for name, model in (("target", target), ("draft", draft))}
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, folder in export_course_models(args.out, args.models).items():
         size = sum(f.stat().st_size for f in folder.iterdir()) / 2**20
         print(f"{name}: {folder}/ ({size:.1f} MiB)")
-    print(f"try: python -m specdec.bench --target {args.out}/target --draft {args.out}/draft --prompts code")
+    print(f"try: python -m specdec.bench.speculative --target {args.out}/target --draft {args.out}/draft --prompts code")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Benchmark speculative decoding on the shipped checkpoints (not a test).
 
-``python -m specdec.bench`` (``make bench``) measures, per task (code, math), per draft
+``python -m specdec.bench.speculative`` (``make bench``) measures, per task (code, math), per draft
 length gamma and per proposer, batch 1:
 
 - ``draft``: this course's engine with the shipped draft model, ``lookup``: the same
@@ -19,8 +19,8 @@ is not the cost of one). Wall times are medians over --repeats runs of each prom
 ``speedup`` includes the prompt's prefill (the same in both), ``decode_speedup`` does not.
 Writes bench.json, bench.csv and bench.png (to --out) and reports peak memory.
 
-``python -m specdec.bench --target T --draft D --prompts code|math|FILE`` runs the loop on any
-Hugging Face pair instead (:mod:`specdec.bench_pretrained`).
+``python -m specdec.bench.speculative --target T --draft D --prompts code|math|FILE`` runs the loop on any
+Hugging Face pair instead (:mod:`specdec.bench.pretrained`).
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from specdec import corpus, tokenizer
 from specdec.drafts import expected_acceptance
-from specdec.engine import SamplingParams, SpeculativeEngine, check_request
 from specdec.ledger import expected_tokens_per_round, speedup
-from specdec.model import KVCache, Llama
+from specdec.models import corpus, tokenizer
+from specdec.models.checkpoints import load, load_pair
+from specdec.models.model import KVCache, Llama
+from specdec.params import SamplingParams, check_request
 from specdec.paths import DATA_DIR
-from specdec.train import load, load_pair
+from specdec.recording import SpeculativeEngine
 from specdec.tree import DEFAULT_CHOICES, flatten_tree
 
 
@@ -284,7 +285,7 @@ def _run_hf(target: Llama, draft: Llama, encoded: dict[str, list[list[int]]], ba
     """transformers' target-only decoding, assisted generation and prompt lookup on the same weights."""
     from transformers.utils import logging as hf_logging
 
-    from specdec.hf import hf_generate, to_transformers
+    from specdec.models.hf import hf_generate, to_transformers
 
     hf_logging.set_verbosity_error()
     hf = to_transformers(target), to_transformers(draft)
@@ -348,12 +349,13 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(arg.split("=")[0] in ("--target", "--draft") for arg in argv):  # a Hugging Face pair instead
-        from specdec.bench_pretrained import main as bench_pretrained
+        from specdec.bench.pretrained import main as bench_pretrained
 
         return bench_pretrained(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="With --target and --draft (local folders or hub names): the same loop on "
-                                            "a Hugging Face pair; see python -m specdec.bench --target x --draft y -h.")
+                                            "a Hugging Face pair; see python -m specdec.bench.speculative "
+                                            "--target x --draft y -h.")
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models", help="folder with target/draft.safetensors")
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per task")

@@ -1,7 +1,7 @@
 """``make release``: regenerate the student notebooks in ``notebooks/`` from ``grader/source/``.
 
 Runs ``nbgrader generate_assignment`` in a scratch course, so the committed course root
-gets no gradebook or release folder. Usage: ``python -m specdec.release [--check] [SLUG ...]``.
+gets no gradebook or release folder. Usage: ``python -m specdec.course.release [--check] [SLUG ...]``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 
-from specdec.course import assignments, generate, make_course
+from specdec.course.driver import assignments, generate, make_course
 from specdec.paths import NOTEBOOKS_DIR
 
 
@@ -32,9 +32,9 @@ def build_student_notebooks(dest: Path, slugs: list[str] | None = None) -> list[
     return written
 
 
-def comparable_cells(path: Path) -> list[tuple]:
+def comparable_cells(notebook: Path | nbformat.NotebookNode) -> list[tuple]:
     """What must agree between two student notebooks: cell type, source, nbgrader metadata."""
-    nb = nbformat.read(path, as_version=4)
+    nb = nbformat.read(notebook, as_version=4) if isinstance(notebook, Path) else notebook
     return [(c.cell_type, c.source, dict(c.metadata.get("nbgrader", {}))) for c in nb.cells]
 
 

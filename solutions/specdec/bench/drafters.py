@@ -5,8 +5,8 @@ forward), the acceptance at each draft position (P(at least i drafts accepted in
 drafter's cost per round relative to the target's verify forward (c), and the wall-clock speedup
 over target-only decoding. Every row's output is checked equal to target-only greedy decoding.
 
-    python -m specdec.bench_drafters                                   # artifacts/drafters/drafters.json
-    python -m specdec.bench_drafters --notebook-reference data/bench/nb12_drafters.json
+    python -m specdec.bench.drafters                                   # artifacts/drafters/drafters.json
+    python -m specdec.bench.drafters --notebook-reference data/bench/nb12_drafters.json
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from specdec import corpus, tokenizer
 from specdec.drafters.generate import MEDUSA_CHOICES, DraftRun, eagle2_generate, eagle_generate, medusa_generate
 from specdec.drafters.train import load_eagle, load_medusa
-from specdec.engine import SpeculativeEngine
+from specdec.models import corpus, tokenizer
+from specdec.models.checkpoints import load_pair
 from specdec.paths import DATA_DIR
-from specdec.train import load_pair
+from specdec.recording import SpeculativeEngine
 from specdec.tree import DEFAULT_CHOICES
 
 PROPOSERS = ("draft chain", "draft tree", "prompt lookup", "Medusa", "EAGLE chain", "EAGLE-2 tree")
@@ -57,8 +57,8 @@ def run_one(name: str, models: dict, prompt: list[int], n_tokens: int) -> DraftR
 def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir: Path = DATA_DIR / "models",
             progress=print) -> dict:
     target, draft = load_pair(models_dir)
-    models = {"target": target, "engine": SpeculativeEngine(target, draft), "medusa": load_medusa(models_dir / "medusa.safetensors"),
-              "eagle": load_eagle(models_dir / "eagle.safetensors")}
+    models = {"target": target, "engine": SpeculativeEngine(target, draft),
+              "medusa": load_medusa(models_dir / "medusa.safetensors"), "eagle": load_eagle(models_dir / "eagle.safetensors")}
     rows = []
     for task, texts in (("code", corpus.code_prompts(n_prompts)), ("math", corpus.math_prompts(n_prompts))):
         prompts = [tokenizer.encode(t) for t in texts]

@@ -1,6 +1,6 @@
 """Train the course's target and draft models on a 2-core CPU, deterministically.
 
-``python -m specdec.train`` (``make models``) trains the target on half code, half math
+``python -m specdec.models.train`` (``make models``) trains the target on half code, half math
 windows, then distils the draft from it: the draft learns the target's next-token
 distribution (soft labels), which is what speculative acceptance rewards. It writes
 ``data/models/{target,draft}.safetensors`` (bf16 weights, config in the metadata),
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, safe_open, save_file
 from tqdm.auto import tqdm
 
-from specdec import corpus, tokenizer
-from specdec.model import Llama, LlamaConfig
+from specdec.models import corpus, tokenizer
+from specdec.models.cards import write_model_card
+from specdec.models.checkpoints import load, save
+from specdec.models.model import Llama, LlamaConfig
 from specdec.paths import DATA_DIR
 
 TARGET = LlamaConfig(d_model=512, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=1024, max_seq_len=512)
@@ -105,53 +106,16 @@ def held_out_loss(model: Llama, seq_len: int = 256, windows: int = 8) -> dict[st
     return losses
 
 
-def save(model: Llama, path: Path, extra: dict | None = None) -> None:
-    """bf16 weights and the config (JSON) in one safetensors file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    save_file(weights, str(path), metadata={"config": json.dumps(model.config.to_dict()), **(extra or {})})
-
-
-def load(path: Path | str) -> Llama:
-    """A model saved by :func:`save`, in float32."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path} (train one with `python -m specdec.train`)")
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if "config" not in meta:
-        raise ValueError(f"{path} has no model config in its metadata: not a checkpoint of this course")
-    model = Llama(LlamaConfig(**json.loads(meta["config"])))
-    model.load_state_dict({k: v.float() for k, v in load_file(str(path)).items()})
-    return model.eval()
-
-
-def load_pair(models: Path | str = DATA_DIR / "models") -> tuple[Llama, Llama]:
-    """The course's (target, draft), from a folder holding target.safetensors and draft.safetensors."""
-    models = Path(models)
-    target, draft = load(models / "target.safetensors"), load(models / "draft.safetensors")
-    if target.config.vocab_size != draft.config.vocab_size:
-        raise ValueError(f"{models}: the target's vocabulary ({target.config.vocab_size}) and the draft's "
-                         f"({draft.config.vocab_size}) differ")
-    return target, draft
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1200, help="optimizer steps for each model")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", type=Path, default=DATA_DIR / "models")
-    parser.add_argument("--heads", action="store_true",
-                        help="instead: train notebook 12's Medusa heads and EAGLE drafter on the target in --out")
     parser.add_argument("--only", choices=list(MODELS),
                         help="train just one (the draft is distilled from the target already in --out; "
                              "draft_undistilled is the same draft trained on the bytes alone, for comparison)")
     args = parser.parse_args(argv)
-    if args.heads:
-        from specdec.drafters.train import main as train_heads
-
-        return train_heads(args.out)
     data = training_data()
     print({task: len(ids) for task, ids in data.items()}, "training tokens", f"{torch.get_num_threads()} threads")
     log_path = args.out / "train_log.json"
@@ -175,77 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     plot_losses(log, args.out / "loss.png")
     write_model_card(log, args.out)
     return 0
-
-
-def write_model_card(log: dict, folder: Path) -> None:
-    """data/models/README.md from the training log, so the card always matches the weights."""
-    rows = []
-    for name, e in log.items():
-        c = e["config"]
-        size = (folder / f"{name}.safetensors").stat().st_size / 1e6
-        rows.append(f"| {name} | {e['params'] / 1e6:.2f}M | {c['d_model']} | {c['n_layers']} | {c['n_heads']} / "
-                    f"{c['n_kv_heads']} | {c['d_ff']} | {c['max_seq_len']} | {size:.1f} MB |")
-    runs = []
-    for name, e in log.items():
-        objective = "soft cross-entropy with the target's distribution (distilled)" if e["distilled"] else \
-            "next-byte cross-entropy"
-        runs.append(f"| {name} | {objective} | {e['steps']} x {e['batch_size']} x {e['seq_len']} = "
-                    f"{e['steps'] * e['batch_size'] * e['seq_len'] / 1e6:.1f}M | {e['train_seconds'] / 60:.1f} min on "
-                    f"{e['threads']} threads | {e['final_train_loss']:.3f} | {e['held_out_loss']['code']:.3f} | "
-                    f"{e['held_out_loss']['math']:.3f} |")
-    card = f"""# The course's models
-
-Byte-level Llama-style decoders (`specdec/model.py`) trained by this project's own script on a
-2-core CPU; nothing was downloaded. They exist to make speculative decoding real in the
-notebooks: real KV caches, real acceptance rates, real speedups. They are not useful models.
-`draft_undistilled` has the draft's architecture, data and steps but learns the next byte alone
-instead of the target's distribution: the control that shows what distillation buys.
-
-| model | parameters | d_model | layers | query / KV heads | d_ff | context | file (bf16) |
-|---|---|---|---|---|---|---|---|
-{chr(10).join(rows)}
-
-Vocabulary: the 256 byte values (`specdec/tokenizer.py`), shared by both, so every draft token
-is a valid target token. Weights are stored in bfloat16 with the config in the safetensors
-metadata; `specdec.train.load` returns float32 models. `specdec.hf.to_transformers` turns either
-into a Hugging Face `LlamaForCausalLM` with the same logits (`tests/test_hf.py`).
-
-## Data
-
-Half of every batch is code, half math (`specdec/corpus.py`):
-
-- **code**: this interpreter's standard library source (ASCII `.py` files, test and demo
-  packages skipped), read at training time and never committed. One file in ten, chosen by a
-  hash of its name, is held out: the code prompts and the held-out loss come from those.
-- **math**: step-by-step arithmetic word problems from the course's generator (seed 0 for
-  training; the prompts use another seed, `data/prompts/math.jsonl`).
-
-## Training
-
-AdamW (lr 3e-3, betas 0.9/0.95, weight decay 0.1), warm-up then cosine decay, gradient
-clipping at 1. The target learns the next byte; the draft is then distilled from the target,
-learning its whole next-byte distribution, which is what speculative acceptance rewards.
-
-| model | objective | steps x batch x length = bytes | time | final train loss | held-out code | held-out math |
-|---|---|---|---|---|---|---|
-{chr(10).join(runs)}
-
-Losses are in nats per byte; the draft's train loss is the soft cross-entropy (it includes the
-target's own entropy), its held-out losses are ordinary next-byte cross-entropy.
-
-![training loss](loss.png)
-
-## Retrain
-
-`make models` (or `python -m specdec.train`) rewrites `target.safetensors`, `draft.safetensors`,
-`draft_undistilled.safetensors`,
-`train_log.json`, `loss.png` and this card. `--only draft` re-distils the draft from the target in
-this folder; `--only draft_undistilled` trains the control. With the same seed, Python version (the standard library is the code data), torch
-version and thread count, the weights come out the same.
-"""
-    from specdec.drafters.train import heads_card
-
-    (folder / "README.md").write_text(card + heads_card(folder))
 
 
 def plot_losses(log: dict, path: Path) -> None:

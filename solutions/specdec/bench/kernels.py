@@ -1,6 +1,6 @@
 """GPU benchmark of the fused chain verifier (not a test; needs a CUDA GPU).
 
-``python -m specdec.bench_kernels`` (``make bench-kernels``) times ``verify_chain_fused``
+``python -m specdec.bench.kernels`` (``make bench-kernels``) times ``verify_chain_fused``
 against its PyTorch specification at B in {1, 8, 64}, gamma = 4, V in {32000, 128256}, for
 sampling rows and for greedy rows, and reports achieved bandwidth on the bytes the fused
 kernel reads: a sampling row reads p[k], q[k] and the noise (3 V floats; its accept tests

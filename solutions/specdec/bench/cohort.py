@@ -1,8 +1,8 @@
-"""Benchmark of cohort grading (not a test): ``python -m specdec.bench_cohort``.
+"""Benchmark of cohort grading (not a test): ``python -m specdec.bench.cohort``.
 
 Builds --copies submissions of notebook 02 of five kinds in equal numbers (a correct one, the
 blank one, one with a wrong answer, one whose answer cell never ends, one whose kernel exits),
-grades them with ``specdec.cohort`` using --workers, and checks every student's score against
+grades them with ``specdec.course.cohort`` using --workers, and checks every student's score against
 the score of its kind. Prints the wall time and the seconds per notebook.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import nbformat
 
-from specdec import cohort
-from specdec.course import source_notebook
+from specdec.course import cohort
+from specdec.course.driver import source_notebook
 from specdec.paths import NOTEBOOKS_DIR
 
 SLUG = "02_greedy_verify"

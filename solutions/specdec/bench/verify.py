@@ -1,6 +1,6 @@
 """Benchmark: batched verification against a per-position Python loop of the same rule.
 
-``python -m specdec.bench_verify [--B 64] [--gamma 4] [--V 32000] [--repeats 5]`` prints
+``python -m specdec.bench.verify [--B 64] [--gamma 4] [--V 32000] [--repeats 5]`` prints
 median times and their ratio for greedy and for sampling verification. The loops are
 what a first implementation looks like: one row, one position, one ``.item()`` at a time.
 """

@@ -5,7 +5,7 @@ autogrades it (hidden tests restored from ``grader/source``), prints a table of 
 per exercise with the first line of each failure, and writes HTML feedback to
 ``.grades/feedback/``. The learner's files are only read, never written.
 
-Usage: ``python -m specdec.grading [NOTEBOOK ...]`` where NOTEBOOK is a path, a file
+Usage: ``python -m specdec.course.grading [NOTEBOOK ...]`` where NOTEBOOK is a path, a file
 name or a number (``01``). Exit status 0 whenever grading ran, whatever the score.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-from specdec.course import (
+from specdec.course.driver import (
     CELL_TIMEOUT_S,
     CellGrade,
     NbgraderError,

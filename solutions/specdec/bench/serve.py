@@ -6,8 +6,8 @@ string) is served with ``concurrency`` requests in flight: a closed loop by defa
 request joins as soon as one finishes), or Poisson arrivals at ``--rate`` requests per
 second, capped at ``concurrency`` in flight. Only the in-process engine is measured.
 
-    python -m specdec.bench_serve                        # artifacts/serve/serve.{json,csv,png}
-    python -m specdec.bench_serve --notebook-reference data/bench/nb11_serve.json
+    python -m specdec.bench.serve                        # artifacts/serve/serve.{json,csv,png}
+    python -m specdec.bench.serve --notebook-reference data/bench/nb11_serve.json
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from specdec import corpus, tokenizer
-from specdec.engine import GREEDY, SamplingParams
 from specdec.ledger import expected_tokens_per_round
-from specdec.model import Llama
+from specdec.models import corpus, tokenizer
+from specdec.models.model import Llama
+from specdec.params import GREEDY, SamplingParams
 from specdec.paths import DATA_DIR
 from specdec.serving.adaptive import BatchCosts
 from specdec.serving.engine import ServingEngine
@@ -72,7 +72,7 @@ def serve(engine: ServingEngine, jobs: list[Job], gamma: int | str, concurrency:
         while queue and queue[0][0] <= now and len(engine.waiting) + len(engine.running) < concurrency:
             arrival, job = queue.pop(0)
             ids.append(engine.add_request(job.prompt, job.max_tokens, job.params, stop="\n\n", gamma=gamma,
-                                          seed=job.seed, arrival_s=start + max(arrival, 0.0) if rate else None))
+                                          seed=job.seed, arrival_time=start + max(arrival, 0.0) if rate else None))
         if engine.has_unfinished():
             engine.step()
         elif queue:
@@ -80,8 +80,8 @@ def serve(engine: ServingEngine, jobs: list[Job], gamma: int | str, concurrency:
     wall = time.perf_counter() - start
     seqs = [engine.done[i] for i in ids]
     tokens = sum(len(s.output) for s in seqs)
-    ttft = [s.first_token_s - s.arrival_s for s in seqs]
-    tpot = [(s.finish_s - s.first_token_s) / (len(s.output) - 1) for s in seqs if len(s.output) > 1]
+    ttft = [s.first_token_time - s.arrival_time for s in seqs]
+    tpot = [(s.finish_time - s.first_token_time) / (len(s.output) - 1) for s in seqs if len(s.output) > 1]
     proposed = sum(s.proposed for s in seqs)
     steps = engine.steps
     return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
@@ -177,7 +177,7 @@ def plot(report: dict, path: Path | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specdec.train import load_pair
+    from specdec.models.checkpoints import load_pair
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models")

@@ -1,10 +1,10 @@
-"""Speculative decoding on any Hugging Face pair: ``python -m specdec.bench --target T --draft D``.
+"""Speculative decoding on any Hugging Face pair: ``python -m specdec.bench.speculative --target T --draft D``.
 
 T and D are local model folders or hub names (``make hf-models`` writes the course's own
 checkpoints as folders). Per prompt, batch 1, greedy, each method generating the same number of
 new tokens (end-of-text tokens do not stop anyone, so all are timed on equal work):
 
-- ``target only``: the course's target-only loop (notebook 05) through :mod:`specdec.pretrained`;
+- ``target only``: the course's target-only loop (notebook 05) through :mod:`specdec.models.pretrained`;
 - ``speculative``: the course's ``speculative_generate`` (the reference of notebook 05) on the pair;
 - ``prompt lookup``: notebook 06's n-gram proposals, no draft model (the only method without --draft);
 - ``hf greedy``, ``hf assisted`` and ``hf prompt lookup`` (unless ``--no-hf``): transformers' own
@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from specdec import corpus
-from specdec.engine import Generation, SpeculativeEngine, check_request, check_vocabularies
-from specdec.hf import hf_generate
-from specdec.pretrained import PretrainedLM, load_pretrained, share_vocabulary
+from specdec.models import corpus
+from specdec.models.hf import hf_generate
+from specdec.models.pretrained import PretrainedLM, load_pretrained, share_vocabulary
+from specdec.params import check_request, check_vocabularies
+from specdec.recording import Generation, SpeculativeEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -155,7 +156,7 @@ def format_table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench --target ... --draft ...",
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench.speculative --target ... --draft ...",
                                      description="Speculative decoding on a Hugging Face target/draft pair.")
     parser.add_argument("--target", required=True, help="local model folder or hub name (e.g. Qwen/Qwen2.5-1.5B)")
     parser.add_argument("--draft", help="local model folder or hub name sharing the target's tokenizer (without: "
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {error}", file=sys.stderr)
         return 2
     drafting = f"draft {draft.name} ({draft.num_params() / 1e6:.1f}M)" if draft else "no draft"
-    print(f"target {target.name} ({target.num_params() / 1e6:.1f}M parameters), {drafting}, {target.device.type} {str(target.dtype).removeprefix('torch.')}, "
+    print(f"target {target.name} ({target.num_params() / 1e6:.1f}M parameters), {drafting}, "
+          f"{target.device.type} {str(target.dtype).removeprefix('torch.')}, "
           f"loaded in {time.perf_counter() - started:.1f} s; {len(prompts)} {args.prompts} prompts x {args.tokens} "
           f"tokens, greedy, batch 1")
     result = run(target, draft, prompts, args.tokens, args.gamma, not args.no_hf)

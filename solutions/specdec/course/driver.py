@@ -76,7 +76,8 @@ def make_course(root: Path, slugs: list[str]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy(GRADER_DIR / "nbgrader_config.py", root / "nbgrader_config.py")
     for slug in slugs:
-        shutil.copytree(SOURCE_DIR / slug, root / "source" / slug, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        shutil.copytree(SOURCE_DIR / slug, root / "source" / slug,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     return root
 
 

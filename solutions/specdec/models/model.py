@@ -45,7 +45,7 @@ class KVCache:
     """K and V for every layer: (n_layers, B, n_kv_heads, max_len, head_dim), valid up to ``length``.
 
     ``KVCache(config)`` builds the cache of that config's model: a model from elsewhere (a Hugging
-    Face checkpoint, :mod:`specdec.pretrained`) names its own subclass as ``config.cache_class``, so a
+    Face checkpoint, :mod:`specdec.models.pretrained`) names its own subclass as ``config.cache_class``, so a
     loop written against this class runs unchanged on it.
     """
 

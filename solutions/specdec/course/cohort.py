@@ -1,4 +1,4 @@
-"""Grade a cohort's submissions in parallel: ``python -m specdec.cohort SUBMITTED [--out DIR]``.
+"""Grade a cohort's submissions in parallel: ``python -m specdec.course.cohort SUBMITTED [--out DIR]``.
 
 SUBMITTED uses nbgrader's layout, ``<student>/<assignment>/<notebook>.ipynb`` (what
 ``nbgrader collect`` gives, or an LMS export unpacked that way). Each submission is graded alone,
@@ -41,11 +41,9 @@ from pathlib import Path
 
 import nbformat
 
-from specdec.course import (CellGrade, assignments, generate, make_course, nbgrader_env, read_grades,
-                            source_notebook)
-from specdec.grading import read_submission
+from specdec.course.driver import CellGrade, assignments, generate, make_course, nbgrader_env, read_grades, source_notebook
+from specdec.course.grading import read_submission
 from specdec.paths import REPO_ROOT
-
 
 
 @dataclass(frozen=True)
