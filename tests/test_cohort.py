@@ -73,7 +73,8 @@ SUBMISSIONS = {
 }
 
 
-pytestmark = pytest.mark.pipeline
+# nbgrader and its kernels: one such test at a time (cell time limits), fixtures built once
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("nbgrader")]
 
 
 @pytest.fixture(scope="module")
