@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import os
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -13,15 +12,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-import torch
 
 from specdec.course import driver as course
 from specdec.paths import NOTEBOOKS_DIR, SOURCE_DIR
 
 SLUGS = course.assignments()
-
-if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: small-tensor code is fastest on one thread each
-    torch.set_num_threads(1)
 
 
 def source_path(slug: str) -> Path:

@@ -73,8 +73,7 @@ SUBMISSIONS = {
 }
 
 
-# nbgrader and its kernels: one such test at a time (cell time limits), fixtures built once
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("nbgrader")]
+pytestmark = pytest.mark.pipeline
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,6 @@ from conftest import source_path, student_path
 from specdec.course.driver import CellGrade
 from specdec.course.grading import format_table, grade, read_submission
 
-# nbgrader and its kernels: one such test at a time (cell time limits), fixtures built once
-pytestmark = pytest.mark.xdist_group("nbgrader")
-
 
 def _digest(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}

@@ -12,9 +12,6 @@ from specdec.models.model import Llama, LlamaConfig  # noqa: E402
 from specdec.paths import DATA_DIR  # noqa: E402
 from specdec.recording import SpeculativeEngine  # noqa: E402
 
-# one worker: the module fixture is built once
-pytestmark = pytest.mark.xdist_group("hf")
-
 TARGET = LlamaConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=160, max_seq_len=128)
 DRAFT = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=128)
 SHIPPED = DATA_DIR / "models" / "target.safetensors"

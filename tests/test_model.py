@@ -5,9 +5,6 @@ import torch
 
 from specdec.models.model import KVCache, Llama, LlamaConfig
 
-# one worker: the module fixture is built once
-pytestmark = pytest.mark.xdist_group("model")
-
 CONFIG = LlamaConfig(vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=64)
 
 

@@ -26,9 +26,6 @@ from conftest import (
 )
 from specdec.course.release import comparable_cells
 
-# nbgrader and its kernels: one such test at a time (cell time limits), fixtures built once
-pytestmark = pytest.mark.xdist_group("nbgrader")
-
 GRADE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
 
 

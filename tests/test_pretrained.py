@@ -25,9 +25,6 @@ from specdec.models.pretrained import ModelNotFoundError, PretrainedCache, Pretr
 from specdec.params import check_vocabularies  # noqa: E402
 from specdec.recording import RecordingModel, SpeculativeEngine  # noqa: E402
 
-# one worker: the module fixture is built once
-pytestmark = pytest.mark.xdist_group("pretrained")
-
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):

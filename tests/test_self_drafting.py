@@ -18,9 +18,6 @@ from specdec.models import corpus, tokenizer
 from specdec.params import SamplingParams
 from specdec.paths import DATA_DIR
 
-# one worker: the module fixture is built once
-pytestmark = pytest.mark.xdist_group("self_drafting")
-
 
 @pytest.fixture(scope="module")
 def shipped():
