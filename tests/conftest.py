@@ -1,17 +1,21 @@
-"""Shared helpers: the course's notebooks, and one release and autograde round trip per test session."""
+"""Shared helpers: the course's notebooks, one release and autograde round trip per test session, and the
+background thread that runs the slow nbgrader work beside the in-process tests."""
 
 from __future__ import annotations
 
 import ast
 import copy
 import shutil
+import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from specdec.course import driver as course
 from specdec.paths import NOTEBOOKS_DIR, SOURCE_DIR
@@ -108,7 +112,7 @@ def cell_errors(notebook_path: Path) -> list[str]:
 
 @dataclass
 class RoundTrip:
-    """One nbgrader round trip per notebook: the released student notebook, the grades of the source
+    """The nbgrader round trip of every notebook: the released student notebook, the grades of the source
     notebook (student "solution") and of the pruned blank one (student "blank"), and the errors the
     executed source notebook raised outside graded cells (the notebook-runs check nbval used to make)."""
 
@@ -118,37 +122,86 @@ class RoundTrip:
     pruned_cells: dict[str, int] = field(default_factory=dict)
 
 
-@pytest.fixture(scope="session")
-def roundtrip(tmp_path_factory) -> RoundTrip:
-    """Release every notebook and autograde its source (full marks expected) and its pruned blank
-    student notebook (zero expected): each source notebook executes once. Two graders run side by side,
-    each in its own scratch course (its own gradebook) with one torch thread per kernel, taking the next
-    notebook when they finish one."""
-    pending, result, lock = list(SLUGS), RoundTrip(), threading.Lock()
+# --- Slow pipeline work in the background -------------------------------------------------------------------
+# nbgrader runs in subprocesses that keep one core busy for minutes while the in-process tests need the
+# other. A job registered here starts right after collection, if a selected test uses the fixture of the
+# same name, and runs in one background thread (jobs one after another, in registration order); the fixture
+# waits for its result. Pipeline tests run last, so the in-process tests overlap the jobs.
 
-    def worker(root: Path) -> None:
-        while True:
-            with lock:
-                if not pending:
-                    return
-                slug = pending.pop(0)
-            course.make_course(root, [slug])
-            released = read(course.generate(root, slug))
-            assert released.cells, f"nbgrader released an empty {slug}"
-            blank, dropped = prune_for_blank(read(student_path(slug)))
-            course.submit(root, slug, "solution", source_path(slug))
-            course.submit(root, slug, "blank", blank)
-            course.autograde(root, slug, threads=1)
-            with lock:
-                result.released[slug], result.pruned_cells[slug] = released, dropped
-                result.solution_errors[slug] = cell_errors(root / "autograded" / "solution" / slug / f"{slug}.ipynb")
-                for student in ("solution", "blank"):
-                    result.grades[slug, student] = course.read_grades(root, slug, student)
+BACKGROUND_JOBS: dict[str, Callable[[Path], object]] = {}
+_results: dict[str, Future] = {}
+_scratch: list[Path] = []
 
-    roots = [tmp_path_factory.mktemp(f"course{i}") for i in range(2)]
-    with ThreadPoolExecutor(len(roots)) as pool:
-        for done in [pool.submit(worker, root) for root in roots]:
-            done.result()
-    for root in roots:
-        shutil.rmtree(root, ignore_errors=True)
+
+def background_job(fixture_name: str):
+    """Register ``fn(scratch_dir) -> result`` as the work behind the session fixture ``fixture_name``."""
+    def register(fn):
+        BACKGROUND_JOBS[fixture_name] = fn
+        return fn
+    return register
+
+
+def background_result(fixture_name: str):
+    """The result of a background job (waiting for it), or its exception raised here."""
+    if fixture_name not in _results:  # not started after collection (an unusual selection): run it now
+        _start([fixture_name])
+    return _results[fixture_name].result()
+
+
+def _start(names: list[str]) -> None:
+    futures = {name: Future() for name in names}
+    _results.update(futures)
+
+    def run() -> None:
+        for name, future in futures.items():
+            scratch = Path(tempfile.mkdtemp(prefix=f"specdec-{name}-"))
+            _scratch.append(scratch)
+            try:
+                future.set_result(BACKGROUND_JOBS[name](scratch))
+            except BaseException as error:  # handed to the tests that need it
+                future.set_exception(error)
+
+    threading.Thread(target=run, name="pipeline-jobs", daemon=True).start()
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("pipeline") is not None)  # stable: pipeline tests last
+    wanted = {name for item in items for name in getattr(item, "fixturenames", ())}
+    names = [name for name in BACKGROUND_JOBS if name in wanted and name not in _results]
+    if names:
+        torch.set_num_threads(1)  # the in-process tests get one core, the background job the other
+        _start(names)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    for future in _results.values():
+        future.exception()  # wait: no nbgrader left running after the session
+    for scratch in _scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@background_job("roundtrip")
+def _round_trip(root: Path) -> RoundTrip:
+    """Release every notebook and autograde its source (full marks expected) and its pruned blank student
+    notebook (zero expected) in one scratch course: one nbgrader call each, every source notebook executed
+    once, one torch thread per kernel."""
+    result = RoundTrip()
+    course.make_course(root, SLUGS)
+    course.run_nbgrader(root, "generate_assignment", "*", "--force")
+    for slug in SLUGS:
+        result.released[slug] = read(root / "release" / slug / f"{slug}.ipynb")
+        assert result.released[slug].cells, f"nbgrader released an empty {slug}"
+        blank, result.pruned_cells[slug] = prune_for_blank(read(student_path(slug)))
+        course.submit(root, slug, "solution", source_path(slug))
+        course.submit(root, slug, "blank", blank)
+    course.autograde(root, "*", threads=1)
+    for slug in SLUGS:
+        result.solution_errors[slug] = cell_errors(root / "autograded" / "solution" / slug / f"{slug}.ipynb")
+        for student in ("solution", "blank"):
+            result.grades[slug, student] = course.read_grades(root, slug, student)
     return result
+
+
+@pytest.fixture(scope="session")
+def roundtrip() -> RoundTrip:
+    return background_result("roundtrip")

@@ -1,14 +1,16 @@
 """Every catalogued mistake, pasted into a notebook's solution, makes that exercise's
 test cell (visible and hidden tests) fail, and the reference makes it pass.
 
-The cells run in-process (no kernel): set-up and solution cells in order, then the
-mistake replaces the function it targets, then the exercise's test cell.
+The cells run in-process (no kernel): the set-up and solution cells before an exercise's test
+cell run once, then for each mistake the mistake replaces the function it targets while the
+test cell runs (the reference is put back afterwards).
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import io
 
 import pytest
@@ -45,6 +47,7 @@ CATALOGUES = {
 }
 
 
+@functools.cache
 def _exercises(slug: str) -> dict[str, tuple[list[str], str]]:
     """function name -> (cells to run before its test, its test cell)."""
     prefix: list[str] = []
@@ -65,13 +68,32 @@ def _exercises(slug: str) -> dict[str, tuple[list[str], str]]:
     return found
 
 
-def _run(cells: list[str], test: str, replace: dict | None = None) -> None:
-    namespace: dict = {}
-    with contextlib.redirect_stdout(io.StringIO()):
-        for source in cells:
-            exec(compile(source, "<cell>", "exec"), namespace)
-        namespace.update(replace or {})
-        exec(compile(test, "<test cell>", "exec"), namespace)
+_PREPARED: dict[tuple[str, str], tuple[dict, str]] = {}
+
+
+def _prepared(slug: str, exercise: str) -> tuple[dict, str]:
+    """The namespace after the cells before ``exercise``'s test cell ran (once per exercise), and that test cell."""
+    if (slug, exercise) not in _PREPARED:
+        cells, test = _exercises(slug)[exercise]
+        namespace: dict = {}
+        with contextlib.redirect_stdout(io.StringIO()):
+            for source in cells:
+                exec(compile(source, "<cell>", "exec"), namespace)
+        _PREPARED[slug, exercise] = namespace, test
+    return _PREPARED[slug, exercise]
+
+
+def _run_test_cell(slug: str, exercise: str, replacement=None) -> None:
+    """Run ``exercise``'s test cell, with ``replacement`` standing in for the function while it runs."""
+    namespace, test = _prepared(slug, exercise)
+    reference = namespace[exercise]
+    if replacement is not None:
+        namespace[exercise] = replacement  # the same globals the notebook's later functions see
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(test, "<test cell>", "exec"), namespace)
+    finally:
+        namespace[exercise] = reference
 
 
 CASES = [(slug, m) for slug, mistakes in CATALOGUES.items() for m in mistakes]
@@ -79,14 +101,12 @@ CASES = [(slug, m) for slug, mistakes in CATALOGUES.items() for m in mistakes]
 
 @pytest.mark.parametrize("slug", sorted(CATALOGUES))
 def test_reference_passes_every_test_cell(slug):
-    for name, (cells, test) in _exercises(slug).items():
-        _run(cells, test)
+    for name in _exercises(slug):
+        _run_test_cell(slug, name)
 
 
 @pytest.mark.parametrize("slug, mistake", CASES, ids=[f"{s}-{m.exercise}-{m.name}" for s, m in CASES])
 def test_mistake_loses_the_points_of_its_exercise(slug, mistake):
-    exercises = _exercises(slug)
-    assert mistake.exercise in exercises, f"{mistake.exercise} is not an exercise of {slug}"
-    cells, test = exercises[mistake.exercise]
+    assert mistake.exercise in _exercises(slug), f"{mistake.exercise} is not an exercise of {slug}"
     with pytest.raises(Exception):
-        _run(cells, test, {mistake.exercise: mistake.fn})
+        _run_test_cell(slug, mistake.exercise, mistake.fn)

@@ -403,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-timeout", type=float, default=120, help="seconds for one cell (default 120)")
     parser.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per grading process and its "
                                                                    "kernel, in MB (default 8192)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the results are in --out)")
     args = parser.parse_args(argv)
+    say = (lambda *a, **k: None) if args.quiet else print
     if not args.submitted.is_dir():
         print(f"cohort: {args.submitted} is not a folder", file=sys.stderr)
         return 2
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="specdec-cohort-") as tmp:
         scratch_root = Path(tmp)
         template, release = prepare(sorted({s.assignment for s in subs}), scratch_root)
-        print(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
+        say(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
         limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate())
         if not limits.isolate:
             problems.append("isolation: off (it needs root and util-linux's unshare on Linux): a submission's code "
@@ -433,14 +435,14 @@ def main(argv: list[str] | None = None) -> int:
                 s = job.result()
                 total = sum(g.score for g in s.grades if not g.written)
                 status = f"{total:g} / {sum(g.max_score for g in s.grades if not g.written):g}" if s.graded else "not graded"
-                print(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}"
+                say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}"
                       + (" (flagged)" if s.flagged else "") + (f"; {s.messages[0]}" if s.messages else ""), flush=True)
     write_outputs(subs, problems, args.out)
     wall = time.perf_counter() - start
-    print(f"graded {sum(s.graded for s in subs)} of {len(subs)} submissions in {wall:.0f} s "
+    say(f"graded {sum(s.graded for s in subs)} of {len(subs)} submissions in {wall:.0f} s "
           f"({wall / len(subs):.1f} s per notebook); results in {args.out}/")
     for p in problems:
-        print(f"skipped {p}")
+        say(f"skipped {p}")
     return 0
 
 
