@@ -204,14 +204,26 @@ def _kernels_working_in(marker: str) -> list[int]:
     return found
 
 
-def test_a_notebook_past_the_whole_notebook_limit_is_killed_with_its_kernel(tmp_path):
+@background_job("sleeper_graded")
+def _grade_a_sleeper(tmp_path):
+    """A submission that sleeps past a 10 s whole-notebook limit, graded alone."""
     student = "sleeper_past_the_limit"  # cohort grading works in a scratch folder named after the student
     path = tmp_path / "submitted" / student / SLUG / f"{SLUG}.ipynb"
     path.parent.mkdir(parents=True)
     nbformat.write(_variant(_prepend("round_shapes", "import time\ntime.sleep(120)")), path)
-    assert cohort.main([str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--workers", "1",
-                        "--timeout", "10"]) == 0
-    row = next(csv.DictReader(open(tmp_path / "out" / "totals.csv")))
-    assert "stopped after 10 s" in row["messages"] and float(row["score"]) == 0
+    code = cohort.main([str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--workers", "1",
+                        "--timeout", "10", "--quiet"])
     time.sleep(1)
-    assert not _kernels_working_in(f"/{student}-"), "the killed notebook left its kernel running"
+    return code, next(csv.DictReader(open(tmp_path / "out" / "totals.csv"))), _kernels_working_in(f"/{student}-")
+
+
+@pytest.fixture
+def sleeper_graded():
+    return background_result("sleeper_graded")
+
+
+def test_a_notebook_past_the_whole_notebook_limit_is_killed_with_its_kernel(sleeper_graded):
+    code, row, kernels_left = sleeper_graded
+    assert code == 0
+    assert "stopped after 10 s" in row["messages"] and float(row["score"]) == 0
+    assert not kernels_left, "the killed notebook left its kernel running"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import source_path, student_path
+from conftest import background_job, background_result, source_path, student_path
 from specdec.course.driver import CellGrade
 from specdec.course.grading import format_table, grade, read_submission
 
@@ -18,8 +18,9 @@ def _digest(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-@pytest.mark.pipeline
-def test_grade_cli_reads_but_never_writes_the_learners_notebooks(tmp_path):
+@background_job("graded_by_cli")
+def _grade_by_cli(tmp_path):
+    """`python -m specdec.course.grading 01` on a folder holding one finished notebook."""
     mine = tmp_path / "notebooks"
     mine.mkdir()
     shutil.copy(source_path("01_cost_ledger"), mine / "01_cost_ledger.ipynb")  # a finished notebook
@@ -28,19 +29,40 @@ def test_grade_cli_reads_but_never_writes_the_learners_notebooks(tmp_path):
         [sys.executable, "-m", "specdec.course.grading", "01", "--dir", str(mine), "--report-dir", str(tmp_path / "report")],
         capture_output=True, text=True, timeout=600,
     )
+    return proc, mine, before, tmp_path / "report"
+
+
+@pytest.fixture
+def graded_by_cli():
+    return background_result("graded_by_cli")
+
+
+@pytest.mark.pipeline
+def test_grade_cli_reads_but_never_writes_the_learners_notebooks(graded_by_cli):
+    proc, mine, before, report = graded_by_cli
     assert proc.returncode == 0, proc.stderr
     assert "count_params" in proc.stdout and "2 / 2" in proc.stdout
     assert "total: 10 / 10 points" in proc.stdout
-    assert (tmp_path / "report" / "feedback" / "01_cost_ledger.html").exists()
+    assert (report / "feedback" / "01_cost_ledger.html").exists()
     assert _digest(mine) == before
     assert [p.name for p in mine.iterdir()] == ["01_cost_ledger.ipynb"]
 
 
-@pytest.mark.pipeline
-def test_corrupt_notebook_is_named_and_the_others_still_graded(tmp_path):
+@background_job("graded_with_a_corrupt_notebook")
+def _grade_with_a_corrupt_notebook(tmp_path):
     corrupt = tmp_path / "01_cost_ledger.ipynb"
     corrupt.write_text('{"cells": [')
-    results = grade([("01_cost_ledger", corrupt), ("01_cost_ledger", student_path("01_cost_ledger"))], tmp_path)
+    return grade([("01_cost_ledger", corrupt), ("01_cost_ledger", student_path("01_cost_ledger"))], tmp_path)
+
+
+@pytest.fixture
+def graded_with_a_corrupt_notebook():
+    return background_result("graded_with_a_corrupt_notebook")
+
+
+@pytest.mark.pipeline
+def test_corrupt_notebook_is_named_and_the_others_still_graded(graded_with_a_corrupt_notebook):
+    results = graded_with_a_corrupt_notebook
     (slug, error), (_, cells) = results
     assert isinstance(error, str) and "01_cost_ledger.ipynb is not valid JSON" in error
     assert [c.score for c in cells] == [0] * len(cells) and len(cells) >= 5
