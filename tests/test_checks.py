@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, params, pitfalls, rejection, tree
+from specdec import analysis, chain, engine, greedy, kernels, ledger, lookup, metrics, params, pitfalls, rejection, tree
 from specdec.checks import (
     CheckFailure,
     analysis as analysis_checks,
@@ -71,6 +71,7 @@ RUN_CHECK = {
     "verify_chain_kernel": (kernels.verify_chain_kernel, kernel_checks.check_verify_chain_kernel),
     "tree_attention_kernel": (kernels.tree_attention_kernel, kernel_checks.check_tree_attention_kernel),
     "acceptance_from_rounds": (analysis.acceptance_from_rounds, analysis_checks.check_acceptance_from_rounds),
+    "alpha_from_rate": (metrics.alpha_from_rate, analysis_checks.check_alpha_from_rate),
     "measured_costs": (analysis.measured_costs, analysis_checks.check_measured_costs),
     "predicted_speedup": (analysis.predicted_speedup, analysis_checks.check_predicted_speedup),
     "best_measured_gamma": (analysis.best_measured_gamma, analysis_checks.check_best_measured_gamma),

@@ -125,14 +125,17 @@ def test_a_vocabulary_mismatch_names_both_sizes_and_universal_assisted_generatio
 def test_bench_on_local_folders(folders, capsys, tmp_path):
     out = tmp_path / "r.json"
     assert bench_main(["--target", str(folders["target"]), "--draft", str(folders["draft"]), "--prompts", "math",
-                       "--num-prompts", "1", "--tokens", "24", "--json", str(out)]) == 0
+                       "--num-prompts", "1", "--tokens", "24", "--repeats", "2", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     methods = ("target only", "speculative (gamma 4)", "prompt lookup (gamma 4)", "hf greedy", "hf assisted (gamma 4)",
                "hf prompt lookup (gamma 4)")
     assert all(method in table for method in methods) and "c = " in table
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == set(methods) and all(r["identical"] == "1/1" for r in rows.values())
-    assert 0 < rows["speculative (gamma 4)"]["acceptance"] <= 1 and rows["speculative (gamma 4)"]["tokens_per_round"] > 1
+    spec = rows["speculative (gamma 4)"]
+    assert 0 < spec["draft_acceptance_rate"] <= spec["alpha"] <= 1 and spec["tokens_per_round"] > 1
+    assert all(r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] for r in rows.values())
+    assert "warnings" in json.loads(out.read_text())["machine"] and "interleaved repeats" in table
     # Without a draft: target-only and prompt lookup.
     assert bench_main(["--target", str(folders["target"]), "--prompts", "code", "--num-prompts", "1", "--tokens",
                        "16", "--no-hf", "--json", str(out)]) == 0

@@ -231,3 +231,19 @@ def test_auto_gamma_turns_speculation_off_when_verification_is_costly():
         if not deep:
             assert sum(s.speculating_rows > 0 for s in engine.steps) < len(engine.steps) / 2
         assert all(s.output == target_only_generate(target, s.prompt, 30) for s in done.values())
+
+
+def test_auto_rows_estimate_alpha_from_tested_positions_not_the_acceptance_rate():
+    """The adaptive rule feeds E(alpha, gamma) with accepted / tested positions (A / (A + R)), which is at least
+    the draft acceptance rate accepted / proposed, and above it as soon as a round stops at a rejection."""
+    target, draft = shipped_pair()
+    engine = ServingEngine(target, draft, max_gamma=8)
+    ids = [engine.add_request(tokenizer.encode(p), 40, gamma="auto") for p in corpus.math_prompts(2)]
+    while engine.has_unfinished():
+        engine.step()
+    seqs = [engine.done[i] for i in ids]
+    accepted, proposed, rejections = (sum(getattr(s, k) for s in seqs) for k in ("accepted", "proposed", "rejections"))
+    assert rejections > 0 and proposed > accepted + rejections
+    evidence_accepted, evidence_tested = engine.auto_evidence
+    assert 0 < evidence_accepted < evidence_tested
+    assert evidence_accepted / evidence_tested > accepted / proposed  # decayed evidence, the same ordering

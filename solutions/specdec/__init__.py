@@ -33,18 +33,22 @@ Acceptance, three ways (never interchangeable)::
     tau              tokens committed per target forward: 1 + accepted / rounds (vLLM's
                      mean_acceptance_length, EAGLE's tau), the extra token included.
 
+``metrics`` computes all three from per-round counts (alpha = A / (A + R), R the rounds ended by a
+rejection), per-position rates, and the conversions between them.
+
 Layout
 ------
 - lessons, one module per notebook idea: ``ledger`` (01), ``greedy`` (02), ``rejection`` (03),
   ``chain`` (04), ``engine`` and ``drafts`` (05), ``lookup`` (06), ``tree`` and ``multidraft``
-  (07), ``kernels`` (08), ``analysis`` (09), ``pitfalls`` and ``buggy_decoder`` (10);
+  (07), ``kernels`` (08), ``analysis`` and ``metrics`` (09), ``pitfalls`` and ``buggy_decoder`` (10);
 - shared, low: ``params`` (SamplingParams, GREEDY, StopCriteria, request checks), ``sampling``
   (logits to the distribution drawn from), ``validate`` (argument checks), ``paths``, ``tables``;
 - ``recording``: the loops run with every forward recorded (SpeculativeEngine, per-round stats);
 - ``models/``: the small Llama and KV cache, tokenizer, corpus, toy models, checkpoints, training,
   model card, Hugging Face export and any pretrained model behind the same interface;
 - ``serving/``: notebook 11's continuous-batching engine; ``drafters/``: notebook 12's self-drafters;
-- ``viz/``: plots and notebook 01's simulator; ``bench/``: every benchmark (``python -m specdec.bench``);
+- ``viz/``: plots and notebook 01's simulator; ``bench/``: every benchmark (``python -m specdec.bench``),
+  its methods interleaved across repeats, with spreads and busy-machine warnings (``bench.timing``);
 - ``course/``: nbgrader driving, release, self-grading, cohort grading;
 - ``checks/``: what judges a learner's function; ``mistakes/``: the catalogue of known-wrong answers.
 
@@ -62,7 +66,7 @@ mistakes)::
     06  prompt lookup      lookup                                lookup     test_lookup
     07  tree attention     tree, multidraft                      tree       test_tree, test_multidraft
     08  GPU kernels        kernels                               kernels    test_kernels, test_alternative_kernels
-    09  benchmark          analysis, bench.speculative           analysis   test_bench
+    09  benchmark          analysis, metrics, bench.speculative  analysis   test_bench, test_metrics
     10  pitfalls           pitfalls, buggy_decoder               pitfalls   test_pitfalls
     11  serving            serving.*, bench.serve                serving    test_serving
     12  self-drafting      drafters.*, bench.drafters            drafters   test_self_drafting

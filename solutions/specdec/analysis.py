@@ -1,6 +1,6 @@
 """Reading a benchmark (notebook 09): acceptance from per-round counts, measured costs, the
-cost model's prediction, the best draft length from measurements, and why logit processors
-(a repetition penalty here) must be applied per draft position."""
+cost model's prediction and a per-round fixed cost fitted beside it, the best draft length from
+measurements, and why logit processors (a repetition penalty here) must be applied per draft position."""
 
 from __future__ import annotations
 
@@ -48,6 +48,21 @@ def predicted_speedup(a: float, gamma: int, c: float, verify_ratio: float = 1.0)
     tokens = gamma + 1 if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
     return tokens / (gamma * c + verify_ratio)
     ### END SOLUTION
+
+
+def fit_round_costs(gammas: Sequence[int], round_s: Sequence[float], verify_s: Sequence[float]) -> tuple[float, float]:
+    """(c0_s, per_draft_s): least-squares fit of a round's time beside its verification forward,
+    round_s - verify_s = c0_s + gamma * per_draft_s, over runs at several gammas.
+
+    c0_s is what a round pays whatever its gamma (the draft's catch-up forward, sampling the correction or bonus,
+    verification and bookkeeping, Python); per_draft_s what each draft adds (a draft forward and sampling it)."""
+    if len(gammas) != len(round_s) or len(gammas) != len(verify_s) or len(set(gammas)) < 2:
+        raise ValueError("need one round time and one verify time per gamma, at two gammas or more")
+    rest = [r - v for r, v in zip(round_s, verify_s)]
+    g_mean, r_mean = sum(gammas) / len(gammas), sum(rest) / len(rest)
+    slope = (sum((g - g_mean) * (r - r_mean) for g, r in zip(gammas, rest))
+             / sum((g - g_mean) ** 2 for g in gammas))
+    return r_mean - slope * g_mean, slope
 
 
 def best_measured_gamma(rows: Sequence[dict], task: str, proposer: str) -> int:

@@ -71,6 +71,7 @@ class Generation:
     rounds: list[RoundStats] = field(default_factory=list)
     wall_s: float = 0.0
     prefill_s: float = 0.0
+    forward_s: float = 0.0  # every recorded forward of either model (prefill included): the rest of wall_s is other work
 
     @property
     def acceptance_rate(self) -> float:
@@ -111,6 +112,10 @@ def _prefill_s(prefilled: bool, *models: RecordingModel) -> float:
     return sum(m.calls[0].seconds for m in models) if prefilled else 0.0
 
 
+def _forward_s(*models: RecordingModel) -> float:
+    return sum(c.seconds for m in models for c in m.calls)
+
+
 class SpeculativeEngine:
     """Generates with a target model, optionally speculating with a smaller draft, and
     reports per-round statistics and timings."""
@@ -126,7 +131,7 @@ class SpeculativeEngine:
         start = time.perf_counter()
         tokens = target_only_generate(target, prompt, n_tokens, params, generator)
         wall = time.perf_counter() - start
-        return Generation(tokens, wall_s=wall, prefill_s=_prefill_s(len(prompt) > 1, target))
+        return Generation(tokens, wall_s=wall, prefill_s=_prefill_s(len(prompt) > 1, target), forward_s=_forward_s(target))
 
     def generate_lookup(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                         generator: torch.Generator | None = None, n_max: int = 3, n_min: int = 1) -> Generation:
@@ -136,7 +141,8 @@ class SpeculativeEngine:
         tokens = lookup_generate(target, prompt, n_tokens, gamma, params, generator, n_max, n_min)
         wall = time.perf_counter() - start
         prefilled = len(prompt) > 1
-        return Generation(tokens, rounds_from_calls(target.calls, [], prefilled), wall, _prefill_s(prefilled, target))
+        return Generation(tokens, rounds_from_calls(target.calls, [], prefilled), wall, _prefill_s(prefilled, target),
+                          _forward_s(target))
 
     def generate_tree(self, prompt: list[int], n_tokens: int, choices=None, params: SamplingParams = GREEDY,
                       generator: torch.Generator | None = None) -> Generation:
@@ -149,7 +155,7 @@ class SpeculativeEngine:
         wall = time.perf_counter() - start
         prefilled, depth = len(prompt) > 1, max(flatten_tree(choices).depths)
         rounds = rounds_from_calls(target.calls, draft.calls, prefilled, depth)
-        return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft))
+        return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft), _forward_s(target, draft))
 
     def generate(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                  generator: torch.Generator | None = None) -> Generation:
@@ -162,4 +168,4 @@ class SpeculativeEngine:
         wall = time.perf_counter() - start
         prefilled = len(prompt) > 1
         rounds = rounds_from_calls(target.calls, draft.calls, prefilled, gamma)
-        return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft))
+        return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft), _forward_s(target, draft))

@@ -1,9 +1,10 @@
 """Notebook 12's measurement: every proposer on the same target, code against math (not a test).
 
 For each task and proposer, greedy, batch 1, on the shipped models: tau (tokens committed per target
-forward), the acceptance at each draft position (P(at least i drafts accepted in a round)), the
-drafter's cost per round relative to the target's verify forward (c), and the wall-clock speedup
-over target-only decoding. Every row's output is checked equal to target-only greedy decoding.
+forward, the mean acceptance length), the acceptance at each draft position (P(at least i drafts
+accepted in a round): vLLM's per-position rates, not alpha), the drafter's cost per round relative to
+the target's verify forward (c), and the wall-clock speedup over target-only decoding (median of
+interleaved repeats, with min and max). Every row's output is checked equal to target-only greedy decoding.
 
     python -m specdec.bench.drafters                                   # artifacts/drafters/drafters.json
     python -m specdec.bench.drafters --notebook-reference data/bench/nb12_drafters.json
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from specdec.bench.timing import LoadWatch, interleaved, spread
 from specdec.drafters.generate import MEDUSA_CHOICES, DraftRun, eagle2_generate, eagle_generate, medusa_generate
 from specdec.drafters.train import load_eagle, load_medusa
 from specdec.models import corpus, tokenizer
@@ -59,33 +60,40 @@ def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir
     target, draft = load_pair(models_dir)
     models = {"target": target, "engine": SpeculativeEngine(target, draft),
               "medusa": load_medusa(models_dir / "medusa.safetensors"), "eagle": load_eagle(models_dir / "eagle.safetensors")}
-    rows = []
+    rows, watch = [], LoadWatch(torch.get_num_threads())
+    methods = ("target only",) + PROPOSERS
     for task, texts in (("code", corpus.code_prompts(n_prompts)), ("math", corpus.math_prompts(n_prompts))):
         prompts = [tokenizer.encode(t) for t in texts]
-        base_wall, base_tokens = [], []
+        walls = {m: [0.0] * repeats for m in methods}  # per repeat, summed over the prompts
+        runs: dict[str, list[DraftRun]] = {m: [] for m in methods}  # per prompt, the last repeat's run
         for prompt in prompts:
-            runs = [models["engine"].generate_target_only(prompt, n_tokens) for _ in range(repeats)]
-            base_wall.append(statistics.median(r.wall_s for r in runs))
-            base_tokens.append(runs[0].tokens)
+            for repeat, name in interleaved(methods, repeats):
+                run = (_from_generation(models["engine"].generate_target_only(prompt, n_tokens)) if name == "target only"
+                       else run_one(name, models, prompt, n_tokens))
+                walls[name][repeat] += run.wall_s
+                if repeat == repeats - 1:
+                    runs[name].append(run)
+            watch.sample()
+        base = spread(walls["target only"])["median"]
         for name in PROPOSERS:
-            committed, walls, target_s, draft_s, identical = [], [], 0.0, 0.0, True
-            for prompt, reference in zip(prompts, base_tokens):
-                runs = [run_one(name, models, prompt, n_tokens) for _ in range(repeats)]
-                walls.append(statistics.median(r.wall_s for r in runs))
-                committed += runs[0].committed
-                target_s, draft_s = target_s + runs[0].target_s, draft_s + runs[0].draft_s
-                identical &= all(r.tokens == reference for r in runs)
+            committed = [c for r in runs[name] for c in r.committed]
+            target_s, draft_s = sum(r.target_s for r in runs[name]), sum(r.draft_s for r in runs[name])
+            identical = all(r.tokens == b.tokens for r, b in zip(runs[name], runs["target only"]))
             depth = max(committed) - 1
             acceptance = [sum(c - 1 >= i for c in committed) / len(committed) for i in range(1, max(depth, 1) + 1)]
+            times = spread(walls[name])
             row = {"task": task, "proposer": name, "tau": sum(committed) / len(committed), "rounds": len(committed),
                    "acceptance_by_position": [round(a, 3) for a in acceptance],
                    "c": draft_s / target_s if target_s else 0.0,
-                   "speedup": sum(base_wall) / sum(walls), "identical": identical}
+                   "speedup": base / times["median"], "speedup_min": base / times["max"],
+                   "speedup_max": base / times["min"], "spread": times["spread"], "identical": identical}
             rows.append(row)
-            progress(f"  {task:4s} {name:14s} tau {row['tau']:.2f}  c {row['c']:.3f}  speedup {row['speedup']:.2f}x  "
-                     f"identical {identical}")
-    return {"rows": rows, "config": {"prompts": n_prompts, "tokens": n_tokens, "repeats": repeats, "gamma": GAMMA,
-                                     "threads": torch.get_num_threads()}}
+            progress(f"  {task:4s} {name:14s} tau {row['tau']:.2f}  c {row['c']:.3f}  speedup {row['speedup']:.2f}x "
+                     f"({row['speedup_min']:.2f}-{row['speedup_max']:.2f})  identical {identical}")
+    machine = watch.report({f"{r['task']} {r['proposer']}": r["spread"] for r in rows})
+    return {"rows": rows, "machine": machine,
+            "config": {"prompts": n_prompts, "tokens": n_tokens, "repeats": repeats, "gamma": GAMMA,
+                       "threads": torch.get_num_threads()}}
 
 
 def main(argv: list[str] | None = None) -> int:

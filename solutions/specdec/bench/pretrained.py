@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.bench.timing import LoadWatch, interleaved, spread
 from specdec.models import corpus
 from specdec.models.hf import hf_generate
 from specdec.models.pretrained import PretrainedLM, load_pretrained, share_vocabulary
@@ -82,9 +83,9 @@ def _timed_hf(model: PretrainedLM, ids: list[int], n_tokens: int, **kwargs) -> t
 
 
 def run(target: PretrainedLM, draft: PretrainedLM | None, prompts: list[list[int]], n_tokens: int, gamma: int,
-        with_hf: bool) -> dict:
-    """Every method on every prompt (after one warm-up pass); totals per method. Without a draft: target-only
-    and prompt lookup."""
+        with_hf: bool, repeats: int = 3) -> dict:
+    """Every method on every prompt, ``repeats`` times interleaved (after one warm-up pass); per method the median
+    over repeats of its total time, with min and max. Without a draft: target-only and prompt lookup."""
     engine = SpeculativeEngine(target, draft)
     methods = {"target only": lambda ids: engine.generate_target_only(ids, n_tokens)}
     if draft is not None:
@@ -100,25 +101,33 @@ def run(target: PretrainedLM, draft: PretrainedLM | None, prompts: list[list[int
                                                                             assistant_model=draft.model)
         methods[f"hf prompt lookup (gamma {gamma})"] = lambda ids: _timed_hf(target, ids, n_tokens,
                                                                              prompt_lookup_num_tokens=gamma)
-    totals = {m: {"seconds": 0.0, "tokens": 0, "identical": 0, "accepted": 0, "proposed": 0, "committed": 0,
+    seconds = {m: [0.0] * repeats for m in methods}  # per repeat, summed over the prompts
+    totals = {m: {"tokens": 0, "identical": 0, "accepted": 0, "proposed": 0, "rejections": 0, "committed": 0,
                   "rounds": 0} for m in methods}
     target_s = draft_s = 0.0
     draft_forwards = 0
-    for i, ids in enumerate([prompts[0]] + prompts):  # the first pass warms up and is not counted
-        results = {method: measure(ids) for method, measure in methods.items()}
-        if i == 0:
-            continue
-        base = results["target only"]
+    watch = LoadWatch(torch.get_num_threads())
+    for ids in prompts[:1]:  # a warm-up pass, not counted
+        for measure in methods.values():
+            measure(ids)
+    for ids in prompts:
+        results = {}
+        for repeat, method in interleaved(list(methods), repeats):
+            results[method] = methods[method](ids)
+            seconds[method][repeat] += results[method].wall_s if isinstance(results[method], Generation) \
+                else results[method][1]
+        watch.sample()
+        base = results["target only"]  # the last repeat's results count the tokens and rounds
         target_s += (base.wall_s - base.prefill_s) / n_tokens
         for method, result in results.items():
             t = totals[method]
-            tokens, seconds = (result.tokens, result.wall_s) if isinstance(result, Generation) else result
-            t["seconds"] += seconds
+            tokens = result.tokens if isinstance(result, Generation) else result[0]
             t["tokens"] += len(tokens)
             t["identical"] += tokens == base.tokens
             if isinstance(result, Generation) and result.rounds:
                 t["accepted"] += sum(r.accepted for r in result.rounds)
                 t["proposed"] += sum(r.proposed for r in result.rounds)
+                t["rejections"] += sum(r.accepted < r.proposed for r in result.rounds)
                 t["committed"] += sum(r.committed for r in result.rounds)
                 t["rounds"] += len(result.rounds)
                 if method.startswith("speculative"):
@@ -126,32 +135,42 @@ def run(target: PretrainedLM, draft: PretrainedLM | None, prompts: list[list[int
                     draft_forwards += gamma * len(result.rounds)
     rows = []
     for method, t in totals.items():
-        own_base = totals["hf greedy" if method.startswith("hf") else "target only"]
+        own_base = spread(seconds["hf greedy" if method.startswith("hf") else "target only"])
+        times = spread(seconds[method])
         rows.append({
-            "method": method, "tokens_per_s": t["tokens"] / t["seconds"],
-            "speedup": own_base["seconds"] / t["seconds"],
-            "acceptance": t["accepted"] / t["proposed"] if t["proposed"] else None,
+            "method": method, "tokens_per_s": t["tokens"] / times["median"],
+            "tokens_per_s_min": t["tokens"] / times["max"], "tokens_per_s_max": t["tokens"] / times["min"],
+            "spread": times["spread"], "speedup": own_base["median"] / times["median"],
+            # acceptance in its three forms (specdec.metrics)
+            "alpha": t["accepted"] / (t["accepted"] + t["rejections"]) if t["proposed"] else None,
+            "draft_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else None,
             "tokens_per_round": t["committed"] / t["rounds"] if t["rounds"] else None,
             "identical": f"{t['identical']}/{len(prompts)}",
         })
     target_step = target_s / len(prompts)
     draft_step = draft_s / draft_forwards if draft_forwards else None
-    return {"rows": rows, "target_step_ms": 1000 * target_step,
+    machine = watch.report({r["method"]: r["spread"] for r in rows})
+    return {"rows": rows, "target_step_ms": 1000 * target_step, "machine": machine, "repeats": repeats,
             "draft_step_ms": 1000 * draft_step if draft_step else None,
             "c": draft_step / target_step if draft_step else None}
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{'method':<30} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'tok/fwd':>8} {'= target-only':>14}"]
+    lines = [f"{'method':<30} {'tokens/s (min-max)':>20} {'speedup':>8} {'alpha':>6} {'acc.rate':>8} {'tau':>5} "
+             f"{'= target-only':>14}"]
     for r in result["rows"]:
-        accept = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-        per_round = f"{r['tokens_per_round']:.2f}" if r["tokens_per_round"] is not None else "-"
-        lines.append(f"{r['method']:<30} {r['tokens_per_s']:>9.1f} {r['speedup']:>7.2f}x {accept:>7} {per_round:>8} "
+        alpha, rate, tau = ((f"{r[k]:.2f}" if r[k] is not None else "-")
+                            for k in ("alpha", "draft_acceptance_rate", "tokens_per_round"))
+        measured = f"{r['tokens_per_s']:.1f} ({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f})"
+        lines.append(f"{r['method']:<30} {measured:>20} {r['speedup']:>7.2f}x {alpha:>6} {rate:>8} {tau:>5} "
                      f"{r['identical']:>14}")
     costs = f"target step {result['target_step_ms']:.2f} ms"
     if result["c"] is not None:
         costs += f", draft step {result['draft_step_ms']:.2f} ms: c = {result['c']:.2f}"
-    lines.append(costs + " (each speedup is over the same implementation's target-only decoding)")
+    lines.append(costs + f" (each speedup is over the same implementation's target-only decoding; medians of "
+                         f"{result['repeats']} interleaved repeats; alpha per position, acc.rate = accepted / proposed, "
+                         f"tau = tokens per target forward)")
+    lines += [f"warning: {w}" for w in result["machine"]["warnings"]]
     return "\n".join(lines)
 
 
@@ -164,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", default="code", help="code, math, or a file (.jsonl or one prompt per line)")
     parser.add_argument("--num-prompts", type=int, default=4, help="how many prompts (default 4)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every method per prompt, interleaved; the "
+                                                               "median counts (default 3)")
     parser.add_argument("--gamma", type=int, default=4, help="drafts per round (default 4)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
@@ -172,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' own generate")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    for name in ("num_prompts", "tokens", "gamma", "threads"):
+    for name in ("num_prompts", "tokens", "gamma", "threads", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.device is not None:
@@ -208,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{target.device.type} {str(target.dtype).removeprefix('torch.')}, "
           f"loaded in {time.perf_counter() - started:.1f} s; {len(prompts)} {args.prompts} prompts x {args.tokens} "
           f"tokens, greedy, batch 1")
-    result = run(target, draft, prompts, args.tokens, args.gamma, not args.no_hf)
+    result = run(target, draft, prompts, args.tokens, args.gamma, not args.no_hf, args.repeats)
     print(format_table(result))
     memory = f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB host"
     if target.device.type == "cuda":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.bench.timing import LoadWatch, interleaved, spread
 from specdec.ledger import expected_tokens_per_round
 from specdec.models import corpus, tokenizer
 from specdec.models.model import Llama
@@ -82,15 +83,19 @@ def serve(engine: ServingEngine, jobs: list[Job], gamma: int | str, concurrency:
     tokens = sum(len(s.output) for s in seqs)
     ttft = [s.first_token_time - s.arrival_time for s in seqs]
     tpot = [(s.finish_time - s.first_token_time) / (len(s.output) - 1) for s in seqs if len(s.output) > 1]
-    proposed = sum(s.proposed for s in seqs)
+    accepted, proposed = sum(s.accepted for s in seqs), sum(s.proposed for s in seqs)
+    rejections, rounds = sum(s.rejections for s in seqs), sum(s.proposed > 0 for s in seqs)
     steps = engine.steps
     return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
             "ttft_mean_s": statistics.fmean(ttft), "ttft_p90_s": _quantile(ttft, 0.9),
             "tpot_mean_s": statistics.fmean(tpot), "tpot_p90_s": _quantile(tpot, 0.9),
-            "acceptance": sum(s.accepted for s in seqs) / proposed if proposed else None,
+            # acceptance in two of its forms (specdec.metrics): per position, and accepted / proposed
+            "alpha": accepted / (accepted + rejections) if proposed else None,
+            "draft_acceptance_rate": accepted / proposed if proposed else None,
             "mean_gamma": sum(s.drafts for s in steps) / max(sum(s.decoding_rows for s in steps), 1),
             "speculating_steps": sum(s.speculating_rows > 0 for s in steps) / max(len(steps), 1),
-            "preemptions": sum(s.preemptions for s in seqs), "requests": len(seqs)}
+            "overhead_s": {"target_step": engine.target_overhead_s, "draft_forward": engine.draft_overhead_s},
+            "preemptions": sum(s.preemptions for s in seqs), "requests": len(seqs), "speculating_requests": rounds}
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -99,35 +104,65 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: int, max_tokens: int,
-          rate: float | None = None, seed: int = 0, progress=print) -> dict:
-    """Every mode at every concurrency level; the measured step costs; the cost model's prediction."""
+          rate: float | None = None, seed: int = 0, repeats: int = 3, progress=print) -> dict:
+    """Every mode at every concurrency level, ``repeats`` times with the modes interleaved (the order rotated
+    each repeat, :func:`specdec.bench.timing.interleaved`): per level and mode the median tokens/s with its min
+    and max; the measured step costs; the cost model's prediction; the machine's load and warnings."""
     probe = ServingEngine(target, draft)
     costs = probe.measure_costs()
+    watch = LoadWatch(torch.get_num_threads())
     rows = []
     for level in levels:
-        jobs = request_stream(max(requests_per_level, 4 * level), max_tokens, seed)
-        for mode, gamma in MODES.items():
+        jobs = request_stream(max(requests_per_level, 2 * level), max_tokens, seed)
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for _, mode in interleaved(list(MODES), repeats):
             engine = ServingEngine(target, draft, num_blocks=4096, block_size=16, token_budget=1024, max_gamma=8,
                                    costs=costs)
-            result = serve(engine, jobs, gamma, level, rate, seed)
-            rows.append({"concurrency": level, "mode": mode, **result})
-            progress(f"  concurrency {level:3d}  speculation {mode:4s}  {result['tokens_per_s']:7.0f} tokens/s  "
-                     f"TTFT {result['ttft_mean_s'] * 1e3:6.0f} ms  TPOT {result['tpot_mean_s'] * 1e3:5.1f} ms"
-                     + (f"  acceptance {result['acceptance']:.2f}" if result["acceptance"] is not None else ""))
-    alpha = statistics.fmean(r["acceptance"] for r in rows if r["mode"] == "on")
+            runs[mode].append(serve(engine, jobs, MODES[mode], level, rate, seed))
+        watch.sample()
+        for mode, results in runs.items():
+            times = spread([r["seconds"] for r in results])
+            middle = min(results, key=lambda r: abs(r["seconds"] - times["median"]))  # latencies of the median run
+            tokens = middle["tokens"]
+            rows.append({"concurrency": level, "mode": mode, **middle, "tokens_per_s": tokens / times["median"],
+                         "tokens_per_s_min": tokens / times["max"], "tokens_per_s_max": tokens / times["min"],
+                         "spread": times["spread"], "repeats": len(results)})
+            r = rows[-1]
+            progress(f"  concurrency {level:3d}  speculation {mode:4s}  {r['tokens_per_s']:7.0f} tokens/s "
+                     f"({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f})  TTFT {r['ttft_mean_s'] * 1e3:6.0f} ms  "
+                     f"TPOT {r['tpot_mean_s'] * 1e3:5.1f} ms"
+                     + (f"  alpha {r['alpha']:.2f}" if r["alpha"] is not None else ""))
+    on = [r for r in rows if r["mode"] == "on"]
+    alpha = sum(r["alpha"] * r["tokens"] for r in on) / sum(r["tokens"] for r in on)
+    machine = watch.report({f"{r['mode']} at {r['concurrency']}": r["spread"] for r in rows})
+    prediction = predicted_speedups(alpha, costs, levels, MODES["on"], rows)
     return {"rows": rows, "costs": {"target": costs[0].to_dict(), "draft": costs[1].to_dict()},
-            "alpha_on": alpha, "prediction": predicted_speedups(alpha, costs, levels, gamma=MODES["on"]),
+            "alpha_on": alpha, "prediction": prediction, "machine": machine,
+            "crossover": {"on": crossover(rows, "on"), "auto": crossover(rows, "auto"),
+                          "predicted": next((p["batch"] for p in prediction if p["fixed"] <= 1), None)},
             "config": {"levels": levels, "requests_per_level": requests_per_level, "max_tokens": max_tokens,
-                       "rate": rate, "seed": seed, "threads": torch.get_num_threads()}}
+                       "rate": rate, "seed": seed, "repeats": repeats, "threads": torch.get_num_threads()}}
 
 
-def predicted_speedups(alpha: float, costs: tuple[BatchCosts, BatchCosts], levels: list[int], gamma: int) -> list[dict]:
+def predicted_speedups(alpha: float, costs: tuple[BatchCosts, BatchCosts], levels: list[int], gamma: int,
+                       rows: list[dict] | None = None) -> list[dict]:
     """Notebook 01's batch model with the measured forward costs: speculation's throughput over plain
-    decoding at each batch size, for a fixed gamma and for the best gamma (0 when nothing beats plain)."""
+    decoding at each batch size, for a fixed gamma and for the best gamma (0 when nothing beats plain).
+    With ``rows`` (a sweep's), each level also pays the time outside the forwards that its engines measured
+    (per target step and per draft forward, the "on" run's for gamma > 0 and the "off" run's for plain decoding):
+    the serving form of notebook 09's per-round cost c0."""
     step, draft = costs
+    overhead = {(r["concurrency"], r["mode"]): r["overhead_s"] for r in rows or []}
+    none = {"target_step": 0.0, "draft_forward": 0.0}
     out = []
     for batch in levels:
-        rate = lambda g: batch * expected_tokens_per_round(alpha, g) / (g * draft(batch, 1) + step(batch, g + 1))  # noqa: E731
+        on, off = overhead.get((batch, "on"), none), overhead.get((batch, "off"), none)
+
+        def rate(g: int) -> float:
+            extra = on if g else off
+            seconds = g * (draft(batch, 1) + extra["draft_forward"]) + step(batch, g + 1) + extra["target_step"]
+            return batch * expected_tokens_per_round(alpha, g) / seconds
+
         best = max(range(9), key=lambda g: (rate(g), -g))
         out.append({"batch": batch, "fixed": rate(gamma) / rate(0), "best": rate(best) / rate(0), "best_gamma": best})
     return out
@@ -150,7 +185,11 @@ def plot(report: dict, path: Path | None = None):
     for mode, color in colors.items():
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["concurrency"])
         x = [r["concurrency"] for r in mine]
-        axes[0].plot(x, [r["tokens_per_s"] for r in mine], "o-", color=color, label=f"speculation {mode}")
+        y = [r["tokens_per_s"] for r in mine]
+        low = [r.get("tokens_per_s_min", v) for r, v in zip(mine, y)]
+        high = [r.get("tokens_per_s_max", v) for r, v in zip(mine, y)]
+        axes[0].errorbar(x, y, yerr=[[v - lo for v, lo in zip(y, low)], [hi - v for v, hi in zip(y, high)]], fmt="o-",
+                         color=color, capsize=2, label=f"speculation {mode} (median, min-max)")
         axes[1].plot(x, [r["tpot_mean_s"] * 1e3 for r in mine], "o-", color=color, label=f"TPOT, {mode}")
         axes[1].plot(x, [r["ttft_mean_s"] * 1e3 for r in mine], "x:", color=color, label=f"TTFT, {mode}")
         if mode != "off":
@@ -181,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
-    parser.add_argument("--requests", type=int, default=16, help="requests per level (at least 4x the concurrency)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per level, interleaved (median kept)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: closed loop)")
     parser.add_argument("--seed", type=int, default=0)
@@ -190,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "serve")
     parser.add_argument("--notebook-reference", type=Path, metavar="JSON", help="write the report here instead (for notebook 11)")
     args = parser.parse_args(argv)
-    for name in ("requests", "max_tokens", "threads"):
+    for name in ("requests", "max_tokens", "threads", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if min(args.concurrency) < 1 or (args.rate is not None and args.rate <= 0):
@@ -203,10 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     print(f"serving load sweep: concurrency {args.concurrency}, speculation off / on (gamma {MODES['on']}) / auto")
-    report = sweep(target, draft, sorted(args.concurrency), args.requests, args.max_tokens, args.rate, args.seed)
+    report = sweep(target, draft, sorted(args.concurrency), args.requests, args.max_tokens, args.rate, args.seed,
+                   args.repeats)
     report["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {args.threads} CPU thread(s)"
     report["seconds"] = round(time.perf_counter() - start)
-    report["crossover"] = {"on": crossover(report["rows"], "on"), "auto": crossover(report["rows"], "auto")}
     if args.notebook_reference:
         args.notebook_reference.parent.mkdir(parents=True, exist_ok=True)
         args.notebook_reference.write_text(json.dumps(report, indent=1) + "\n")
@@ -219,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(report["rows"])
     plot(report, args.out / "serve.png")
-    print(f"crossover (speculation no longer faster): gamma {MODES['on']} at {report['crossover']['on']}, "
-          f"auto at {report['crossover']['auto']} concurrent requests")
+    print(f"crossover (speculation no longer faster): gamma {MODES['on']} at {report['crossover']['on']} concurrent "
+          f"requests (the cost model: {report['crossover']['predicted']}), auto at {report['crossover']['auto']}")
     print(f"wrote {args.out}/serve.json, serve.csv, serve.png in {report['seconds']} s")
     return 0
 

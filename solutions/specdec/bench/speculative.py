@@ -11,11 +11,14 @@ length gamma and per proposer, batch 1:
   assisted generation and prompt lookup on the same weights, next to transformers'
   own target-only decoding, outputs checked against ours.
 
-For each: acceptance rate, tokens committed per round, tokens/s, the wall-clock speedup
-over the same implementation's target-only decoding, and the cost model's prediction
-S = E(a, gamma) / (1 + gamma c) from the measured acceptance a and cost ratio c (plus a
-prediction that uses the measured cost of verifying gamma + 1 positions, which on a CPU
-is not the cost of one). Wall times are medians over --repeats runs of each prompt;
+For each: acceptance in its three forms (``alpha`` per position, ``draft_acceptance_rate`` =
+accepted / proposed, ``tokens_per_round`` = tau; :mod:`specdec.metrics`), tokens/s (median, min and
+max over repeats), the wall-clock speedup over the same implementation's target-only decoding, and
+the cost model's predictions: S = E(alpha, gamma) / (1 + gamma c) from the micro-benchmark c
+(``predicted``), with the measured verify cost (``predicted_measured_costs``), with the run's own
+forward costs (``model_measured_costs``) and with a fitted per-round fixed cost c0 (``fitted``).
+Every method runs once per repeat, interleaved with the others, so the speedups are ratios from one
+run; a busy machine or a spread over 10% prints a warning and records it (``machine``).
 ``speedup`` includes the prompt's prefill (the same in both), ``decode_speedup`` does not.
 Writes bench.json, bench.csv and bench.png (to --out) and reports peak memory.
 
@@ -40,14 +43,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specdec.analysis import fit_round_costs, measured_costs
+from specdec.bench.timing import LoadWatch, interleaved, spread
 from specdec.drafts import expected_acceptance
 from specdec.ledger import expected_tokens_per_round, speedup
+from specdec.metrics import acceptance_metrics
 from specdec.models import corpus, tokenizer
 from specdec.models.checkpoints import load, load_pair
 from specdec.models.model import KVCache, Llama
 from specdec.params import SamplingParams, check_request
 from specdec.paths import DATA_DIR
-from specdec.recording import SpeculativeEngine
+from specdec.recording import RoundStats, SpeculativeEngine
 from specdec.tree import DEFAULT_CHOICES, flatten_tree
 
 
@@ -66,7 +72,7 @@ def step_time(model: Llama, context: int = 64, tokens: int = 1, repeats: int = 3
 
 
 def _median_time(run, repeats: int):
-    """(result of the last run, median wall seconds) of ``run()`` called ``repeats`` times."""
+    """(result of the last run, median wall seconds) of ``run()`` called ``repeats`` times (transformers' rows)."""
     times, result = [], None
     for _ in range(repeats):
         start = time.perf_counter()
@@ -75,22 +81,33 @@ def _median_time(run, repeats: int):
     return result, statistics.median(times)
 
 
-def _row(task, proposer, gamma, accepted, proposed, rounds, tokens, seconds, base_seconds, c, verify_ratio, identical,
+def _row(task, proposer, gamma, rounds, tokens, seconds, base_seconds, c, verify_ratio, identical,
          time_split=None, decode_speedup=None):
-    a = accepted / proposed if proposed else None
+    """One measured configuration. Acceptance in its three forms (specdec.metrics): ``alpha`` (per position,
+    what E takes), ``draft_acceptance_rate`` (accepted / proposed) and ``tokens_per_round`` (tau, the
+    correction or bonus token included). ``predicted``: notebook 01's E(alpha, gamma) / (1 + gamma c) with the
+    micro-benchmark c; ``predicted_measured_costs``: the same with the measured cost of verifying gamma + 1
+    positions."""
+    chain = [(r.accepted, r.proposed) for r in rounds if r.proposed > 0]
+    m = acceptance_metrics(*zip(*chain)) if chain else None
+    alpha = m["alpha"] if m else None
     row = {
         "task": task, "proposer": proposer, "gamma": gamma,
-        "acceptance": round(a, 4) if a is not None else None,
-        "tokens_per_round": round(tokens / rounds, 3) if rounds else None,
-        "tokens_per_s": round(tokens / seconds, 1), "target_only_tokens_per_s": round(tokens / base_seconds, 1),
-        "speedup": round(base_seconds / seconds, 3),
+        "alpha": round(alpha, 4) if m else None,
+        "draft_acceptance_rate": round(m["draft_acceptance_rate"], 4) if m else None,
+        "tokens_per_round": round(sum(r.committed for r in rounds) / len(rounds), 3) if rounds else None,
+        "tokens_per_s": round(tokens / seconds["median"], 1),
+        "tokens_per_s_min": round(tokens / seconds["max"], 1), "tokens_per_s_max": round(tokens / seconds["min"], 1),
+        "spread": round(seconds["spread"], 4),
+        "target_only_tokens_per_s": round(tokens / base_seconds, 1),
+        "speedup": round(base_seconds / seconds["median"], 3),
         "decode_speedup": round(decode_speedup, 3) if decode_speedup else None,
         "c": round(c, 4) if c else None,
         "predicted": None, "predicted_measured_costs": None, "identical": identical,
     }
-    if a is not None and c:
-        row["predicted"] = round(speedup(min(a, 1.0), gamma, c), 3)
-        row["predicted_measured_costs"] = round(expected_tokens_per_round(min(a, 1.0), gamma) / (gamma * c + verify_ratio), 3)
+    if alpha is not None and c:
+        row["predicted"] = round(speedup(alpha, gamma, c), 3)
+        row["predicted_measured_costs"] = round(expected_tokens_per_round(alpha, gamma) / (gamma * c + verify_ratio), 3)
     if time_split:
         row.update({k: round(v, 3) for k, v in time_split.items()})
     return row
@@ -105,48 +122,86 @@ def measure_costs(target: Llama, draft: Llama, gammas: Sequence[int]) -> dict:
 
 def sweep(engine: SpeculativeEngine, prompts: dict[str, list[list[int]]], n_tokens: int, gammas: Sequence[int],
           repeats: int, costs: dict, proposers: Sequence[str] = ("draft", "lookup", "tree"),
-          bar: tqdm | None = None) -> tuple[list[dict], dict[str, list[list[int]]]]:
-    """Greedy runs of this course's engine: per task (prompt token lists by task name), proposer and
-    gamma, one row of measurements (see the module doc; ``rounds`` holds each round's statistics),
-    and the target-only outputs by task. Wall times are medians over ``repeats``."""
+          bar: tqdm | None = None, watch: LoadWatch | None = None) -> tuple[list[dict], dict[str, list[list[int]]]]:
+    """Greedy runs of this course's engine: per task (prompt token lists by task name), proposer and gamma, one
+    row of measurements (see the module doc; ``rounds`` holds each round's statistics), and the target-only
+    outputs by task. Every method (target-only included) runs once per repeat on each prompt, interleaved
+    (:func:`specdec.bench.timing.interleaved`); a method's time is the median over repeats of its total over
+    the prompts, with the min and max beside it."""
     rows, base_tokens = [], {}
-    tree = lambda ids, n, gamma: engine.generate_tree(ids, n)  # noqa: E731 (one fixed tree, depth 4)
-    generators = {"draft": (engine.generate, costs["c"], gammas), "lookup": (engine.generate_lookup, 1e-9, gammas),
-                  "tree": (tree, costs["c"], [max(flatten_tree(DEFAULT_CHOICES).depths)])}
+    tree_depth = max(flatten_tree(DEFAULT_CHOICES).depths)
+    runners = {"target-only": lambda ids, gamma: engine.generate_target_only(ids, n_tokens),
+               "draft": lambda ids, gamma: engine.generate(ids, n_tokens, gamma),
+               "lookup": lambda ids, gamma: engine.generate_lookup(ids, n_tokens, gamma),
+               "tree": lambda ids, gamma: engine.generate_tree(ids, n_tokens)}  # one fixed tree
+    methods = [("target-only", 0)] + [(p, g) for p in proposers for g in ([tree_depth] if p == "tree" else gammas)]
     for task, encoded in prompts.items():
-        base, base_s, base_prefill = [], 0.0, 0.0
+        totals = {m: [0.0] * repeats for m in methods}  # per repeat, seconds summed over the prompts
+        runs = {m: [] for m in methods}  # per prompt, the last repeat's Generation
         for ids in encoded:
-            gen, s = _median_time(lambda: engine.generate_target_only(ids, n_tokens), repeats)
-            base.append(gen.tokens)
-            base_s += s
-            base_prefill += gen.prefill_s
-            if bar is not None:
-                bar.update()
-        base_tokens[task] = base
-        for proposer in proposers:
-            generate, c, proposer_gammas = generators[proposer]
-            for gamma in proposer_gammas:
-                seconds = prefill = 0.0
-                rounds, identical = [], True
-                split = {"draft_frac": 0.0, "target_frac": 0.0, "other_frac": 0.0}
-                for ids, want in zip(encoded, base):
-                    gen, s = _median_time(lambda: generate(ids, n_tokens, gamma), repeats)
-                    identical &= gen.tokens == want
-                    seconds += s
-                    prefill += gen.prefill_s
-                    rounds += gen.rounds
-                    split["draft_frac"] += sum(r.draft_s for r in gen.rounds) / gen.wall_s / len(encoded)
-                    split["target_frac"] += sum(r.target_s for r in gen.rounds) / gen.wall_s / len(encoded)
-                    split["other_frac"] += (gen.other_s + gen.prefill_s) / gen.wall_s / len(encoded)
-                    if bar is not None:
-                        bar.update()
-                row = _row(task, proposer, gamma, sum(r.accepted for r in rounds), sum(r.proposed for r in rounds),
-                           len(rounds), n_tokens * len(encoded), seconds, base_s, c,
-                           costs["verify_ratio"].get(gamma, 1.0), identical, split,
-                           (base_s - base_prefill) / (seconds - prefill))
-                row["rounds"] = [dataclasses.asdict(r) for r in rounds]
-                rows.append(row)
+            for repeat, method in interleaved(methods, repeats):
+                start = time.perf_counter()
+                gen = runners[method[0]](ids, method[1])
+                totals[method][repeat] += time.perf_counter() - start
+                if repeat == repeats - 1:
+                    runs[method].append(gen)
+                if bar is not None:
+                    bar.update()
+            if watch is not None:
+                watch.sample()
+        base = runs[methods[0]]
+        base_tokens[task] = [g.tokens for g in base]
+        base_s = statistics.median(totals[methods[0]])
+        base_decode_s = base_s - sum(g.prefill_s for g in base)
+        for method in methods[1:]:
+            proposer, gamma = method
+            gens, times = runs[method], spread(totals[method])
+            rounds = [r for g in gens for r in g.rounds]
+            split = {name: sum(part(g) / g.wall_s for g in gens) / len(gens) for name, part in (
+                ("draft_frac", lambda g: sum(r.draft_s for r in g.rounds)),
+                ("target_frac", lambda g: sum(r.target_s for r in g.rounds)),
+                ("other_frac", lambda g: g.other_s + g.prefill_s))}
+            decode_s = times["median"] - sum(g.prefill_s for g in gens)
+            row = _row(task, proposer, gamma, rounds, n_tokens * len(encoded), times, base_s,
+                       1e-9 if proposer == "lookup" else costs["c"], costs["verify_ratio"].get(gamma, 1.0),
+                       all(g.tokens == b.tokens for g, b in zip(gens, base)), split, base_decode_s / decode_s)
+            row["decode_s_per_round"] = decode_s / len(rounds)
+            row["prefill_s"] = sum(g.prefill_s for g in gens)
+            row["target_only_prefill_s"] = sum(g.prefill_s for g in base)
+            row["target_only_decode_s_per_token"] = base_decode_s / (n_tokens * len(encoded))
+            row["new_tokens"] = n_tokens * len(encoded)
+            row["target_only_forward_s"] = sum(g.forward_s for g in base)  # every target forward, prefill included
+            row["rounds"] = [dataclasses.asdict(r) for r in rounds]
+            rows.append(row)
+    add_cost_fits(rows, costs["target_step_ms"] / 1e3)
     return rows, base_tokens
+
+
+def add_cost_fits(rows: list[dict], target_step_s: float) -> None:
+    """For each task's draft-model rows: ``model_measured_costs``, the cost model with the run's own forward costs
+    and nothing else (the target-only run's forwards, prefill included, against the speculative run's prefill and
+    N / E(alpha, gamma) rounds of its measured draft and verify forwards); and ``fitted``,
+    the whole run predicted from a per-round fixed cost c0 fitted beside gamma * c
+    (:func:`specdec.analysis.fit_round_costs`), the measured verify forwards, E(alpha, gamma) tokens per round
+    and the run's own prefill and target-only time per token. c0 and the fitted c are in target steps."""
+    for task in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == task and r["proposer"] == "draft" and r.get("rounds")]
+        if len(mine) < 2:
+            continue
+        verify_s = [statistics.fmean(x["target_s"] for x in r["rounds"]) for r in mine]
+        c0_s, per_draft_s = fit_round_costs([r["gamma"] for r in mine], [r["decode_s_per_round"] for r in mine], verify_s)
+        for r, v_s in zip(mine, verify_s):
+            stats = [RoundStats(**x) for x in r["rounds"]]
+            c_run, v_run = measured_costs(stats, target_step_s)
+            e = expected_tokens_per_round(r["alpha"], r["gamma"])
+            forwards_per_round = (sum(x.draft_s for x in stats) + sum(x.target_s for x in stats)) / len(stats)
+            r["model_measured_costs"] = round(r["target_only_forward_s"] / (
+                r["prefill_s"] + r["new_tokens"] / e * forwards_per_round), 3)
+            base_s = r["target_only_prefill_s"] + r["new_tokens"] * r["target_only_decode_s_per_token"]
+            spec_s = r["prefill_s"] + r["new_tokens"] / e * (c0_s + r["gamma"] * per_draft_s + v_s)
+            r["fitted"] = round(base_s / spec_s, 3)  # predicts "speedup", prefill included
+            r["fit"] = {"c0": round(c0_s / target_step_s, 3), "c": round(per_draft_s / target_step_s, 3),
+                        "c_run": round(c_run, 3), "verify_ratio_run": round(v_run, 3)}
 
 
 #: The notebook's workloads: a small default that runs in well under a minute, and the full sweep.
@@ -169,7 +224,7 @@ def notebook_sweep(workload: str = "small", models: Path = DATA_DIR / "models", 
     digest = hashlib.sha256()
     for name in ("target.safetensors", "draft.safetensors"):
         digest.update((Path(models) / name).read_bytes())
-    config = {**WORKLOADS[workload], "workload": workload, "models": digest.hexdigest()[:16],
+    config = {**WORKLOADS[workload], "workload": workload, "format": 2, "models": digest.hexdigest()[:16],
               "threads": torch.get_num_threads(), "python": sys.version.split()[0]}
     if cache is not None and cache.exists():
         try:
@@ -183,10 +238,13 @@ def notebook_sweep(workload: str = "small", models: Path = DATA_DIR / "models", 
     prompts = {"code": [tokenizer.encode(t) for t in corpus.code_prompts(config["prompts"])],
                "math": [tokenizer.encode(t) for t in corpus.math_prompts(config["prompts"])]}
     costs = measure_costs(target, draft, config["gammas"])
-    runs = len(prompts) * config["prompts"] * (2 + 2 * len(config["gammas"]))
+    runs = len(prompts) * config["prompts"] * (2 + 2 * len(config["gammas"])) * config["repeats"]
+    watch = LoadWatch(torch.get_num_threads())
     with tqdm(total=runs, desc=f"measuring ({workload})", unit="run") as bar:
-        rows, _ = sweep(engine, prompts, config["tokens"], config["gammas"], config["repeats"], costs, bar=bar)
-    result = {"config": config, "costs": costs, "rows": rows}
+        rows, _ = sweep(engine, prompts, config["tokens"], config["gammas"], config["repeats"], costs, bar=bar,
+                        watch=watch)
+    machine = watch.report({f"{r['task']} {r['proposer']} gamma {r['gamma']}": r["spread"] for r in rows})
+    result = {"config": config, "costs": costs, "rows": rows, "machine": machine}
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(result))
@@ -200,18 +258,11 @@ def _int_gammas(result: dict) -> dict:
 
 
 def summary(result: dict) -> dict:
-    """A notebook_sweep result without the per-round lists, with the per-position acceptance of each
-    chain row instead (accepted over tested, where a round that proposed n drafts and accepted k tested
-    min(k + 1, n); prompt lookup often proposes fewer than gamma): small enough to ship in data/."""
+    """A notebook_sweep result without the per-round lists and per-round times (small enough to ship in data/)."""
     rows = []
     for row in result["rows"]:
-        row = dict(row)
-        rounds = [r for r in row.pop("rounds") if r["proposed"] > 0]
-        if row["proposer"] in ("draft", "draft_undistilled", "lookup") and rounds:
-            tested = sum(min(r["accepted"] + 1, r["proposed"]) for r in rounds)
-            row["per_position_acceptance"] = round(sum(r["accepted"] for r in rounds) / tested, 4)
-        rows.append(row)
-    return {"config": result["config"], "costs": result["costs"], "rows": rows}
+        rows.append({k: v for k, v in row.items() if k != "rounds"})
+    return {k: v for k, v in result.items() if k != "rows"} | {"rows": rows}
 
 
 def alignment(models: Path, n_prompts: int, n_tokens: int, repeats: int, costs: dict) -> dict:
@@ -221,7 +272,7 @@ def alignment(models: Path, n_prompts: int, n_tokens: int, repeats: int, costs: 
     - ``expected``: per task, draft and temperature, the mean of sum_x min(p, q) (exact,
       :func:`specdec.drafts.expected_acceptance`) over the positions the target generates when it
       continues each prompt alone at that temperature (seeded);
-    - ``sampled``: per task and temperature > 0, the distilled draft's per-position acceptance in
+    - ``sampled``: per task and temperature > 0, the distilled draft's per-position acceptance alpha in
       real sampled runs of the engine (gamma 4, top-k off), the check on the exact figure;
     - ``rows``: greedy engine runs of the control at CONTROL_GAMMAS (rows as in :func:`sweep`,
       proposer ``draft_undistilled``).
@@ -242,13 +293,13 @@ def alignment(models: Path, n_prompts: int, n_tokens: int, repeats: int, costs: 
                 scores = torch.cat([expected_acceptance(target, model, text, params)[len(ids) - 1:]
                                     for ids, text in zip(encoded, texts)])
                 expected.append({"task": task, "draft": name, "temperature": temperature,
-                                 "acceptance": round(float(scores.mean()), 4)})
+                                 "alpha": round(float(scores.mean()), 4)})
         for temperature in TEMPERATURES[1:]:
             runs = [engine.generate(ids, n_tokens, 4, SamplingParams(temperature), generator) for ids in encoded]
             rounds = [r for g in runs for r in g.rounds]
             tested = sum(min(r.accepted + 1, r.proposed) for r in rounds)
             sampled.append({"task": task, "draft": "draft", "temperature": temperature, "gamma": 4,
-                            "per_position_acceptance": round(sum(r.accepted for r in rounds) / tested, 4)})
+                            "alpha": round(sum(r.accepted for r in rounds) / tested, 4)})
     rows, _ = sweep(SpeculativeEngine(target, control), prompts, n_tokens, CONTROL_GAMMAS, repeats, costs,
                     proposers=("draft",))
     for row in rows:
@@ -268,16 +319,19 @@ def run(models: Path, gammas: list[int], n_prompts: int, n_tokens: int, repeats:
           f"c = {costs['c']:.3f}; verifying gamma + 1 positions costs "
           + ", ".join(f"{v:.2f}x (gamma {g})" for g, v in costs["verify_ratio"].items()))
     encoded = {task: [tokenizer.encode(t) for t in texts] for task, texts in prompts.items()}
-    total = len(prompts) * n_prompts * (2 + 2 * len(gammas) + (1 + 2 * len(gammas) if with_hf else 0))
-    bar = tqdm(total=total, desc="bench", unit="prompt")
-    rows, base = sweep(engine, encoded, n_tokens, gammas, repeats, costs, bar=bar)
+    total = len(prompts) * n_prompts * repeats * (2 + 2 * len(gammas)) + (
+        len(prompts) * n_prompts * (1 + 2 * len(gammas)) if with_hf else 0)
+    bar = tqdm(total=total, desc="bench", unit="run")
+    watch = LoadWatch(torch.get_num_threads())
+    rows, base = sweep(engine, encoded, n_tokens, gammas, repeats, costs, bar=bar, watch=watch)
     for row in rows:
         row.pop("rounds")
-        tqdm.write(json.dumps(row))
+        tqdm.write(json.dumps({k: v for k, v in row.items() if k != "fit"}))
     if with_hf:
         rows += _run_hf(target, draft, encoded, base, n_tokens, gammas, repeats, bar)
     bar.close()
-    return rows, costs
+    machine = watch.report({f"{r['task']} {r['proposer']} gamma {r['gamma']}": r["spread"] for r in rows})
+    return rows, costs, machine
 
 
 def _run_hf(target: Llama, draft: Llama, encoded: dict[str, list[list[int]]], base: dict[str, list[list[int]]],
@@ -300,7 +354,7 @@ def _run_hf(target: Llama, draft: Llama, encoded: dict[str, list[list[int]]], ba
             if out != want:
                 tqdm.write(f"note: transformers' greedy output differs from ours on a {task} prompt")
             bar.update()
-        rows.append(_row(task, "hf-target-only", 0, 0, 0, 0, n_tokens * len(prompts), hf_base_s, hf_base_s,
+        rows.append(_row(task, "hf-target-only", 0, [], n_tokens * len(prompts), spread([hf_base_s]), hf_base_s,
                          None, None, True))
         for gamma in gammas:
             for proposer, kwargs in (("hf-assisted", {"assistant_model": hf[1]}),
@@ -312,7 +366,7 @@ def _run_hf(target: Llama, draft: Llama, encoded: dict[str, list[list[int]]], ba
                     identical &= out == want
                     seconds += s
                     bar.update()
-                rows.append(_row(task, proposer, gamma, 0, 0, 0, n_tokens * len(prompts), seconds, hf_base_s,
+                rows.append(_row(task, proposer, gamma, [], n_tokens * len(prompts), spread([seconds]), hf_base_s,
                                  None, None, identical))
                 tqdm.write(json.dumps(rows[-1]))
     return rows
@@ -360,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5, 6])
     parser.add_argument("--prompts", type=int, default=8, help="prompts per task")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per prompt; the median time counts")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs per prompt and method, interleaved; the median counts, min and max are kept")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)")
     parser.add_argument("--hf", action="store_true", help="also run transformers' assisted generation and prompt lookup")
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "bench", help="folder for json, csv and png")
@@ -389,19 +444,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be >= 1")
     torch.set_num_threads(args.threads)
     try:
-        rows, costs = run(args.models, args.gammas, args.prompts, args.tokens, args.repeats, args.hf)
+        rows, costs, machine = run(args.models, args.gammas, args.prompts, args.tokens, args.repeats, args.hf)
     except (FileNotFoundError, ValueError) as error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    report = {"rows": rows, "costs": costs, "peak_rss_mib": round(peak_mib, 1), "threads": args.threads,
-              "prompts_per_task": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
+    report = {"rows": rows, "costs": costs, "machine": machine, "peak_rss_mib": round(peak_mib, 1),
+              "threads": args.threads, "prompts_per_task": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
     with open(args.out / "bench.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        flat = [{k: v for k, v in r.items() if k != "fit"} | {f"fit_{k}": v for k, v in r.get("fit", {}).items()}
+                for r in rows]
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in flat for k in r)))
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(flat)
     plot(rows, args.out / "bench.png")
     print(f"peak memory (max RSS) {peak_mib:.0f} MiB; wrote {args.out}/bench.json, bench.csv, bench.png")
     return 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from specdec import analysis as ref
-from specdec.checks.core import CheckFailure, call, close, compare_cases, diagnose, fmt
+from specdec import analysis as ref, metrics
+from specdec.checks.core import CheckFailure, call, call_recorded, close, compare_cases, diagnose, fmt
 from specdec.mistakes import for_exercise
 from specdec.recording import RoundStats
 
@@ -21,11 +21,43 @@ def _rounds_cases() -> list[tuple[str, tuple]]:
     for gamma in (3, 5, 8):
         accepted = [min(gamma, int(rng.expovariate(0.4))) for _ in range(40)]
         cases.append((f"40 rounds, gamma={gamma}: {accepted[:6]}...", (accepted, gamma)))
+    for gamma in (1, 4, 8):  # rounds of a chain whose every position is accepted with probability 0.8
+        accepted = [simulated_round(rng, 0.8, gamma) for _ in range(2000)]
+        cases.append((f"2000 rounds simulated with alpha=0.8, gamma={gamma}: {accepted[:6]}...", (accepted, gamma)))
     return cases
+
+
+def simulated_round(rng: random.Random, alpha: float, gamma: int) -> int:
+    """Drafts accepted by one round of ``gamma`` drafts, each accepted with probability ``alpha`` until the first
+    rejection."""
+    k = 0
+    while k < gamma and rng.random() < alpha:
+        k += 1
+    return k
 
 
 def check_acceptance_from_rounds(fn: Callable) -> None:
     compare_cases(fn, ref.acceptance_from_rounds, _rounds_cases(), rel=1e-9)
+
+
+def check_alpha_from_rate(fn: Callable) -> None:
+    """alpha back from the rate it implies, for alphas 0..1 at gamma 1..16, within 1e-6."""
+    mistakes = for_exercise("alpha_from_rate")
+    history: list = []
+    cases = [(0.757, 4), (1.0, 4), (0.0, 3)]
+    cases += [(metrics.rate_from_alpha(alpha, gamma), gamma)
+              for alpha in (0.3, 0.6, 0.8, 0.89, 0.95, 0.999) for gamma in (1, 2, 4, 8, 16)]
+    for rate, gamma in cases:
+        label = f"alpha_from_rate(rate={rate:.6g}, gamma={gamma})"
+        want = metrics.alpha_from_rate(rate, gamma)
+        got = call_recorded(fn, label, (rate, gamma), mistakes, history)
+        history.append(((rate, gamma), got))
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            raise CheckFailure(f"{label}: return a Python float, got {type(got).__name__} {got!r}")
+        if not close(got, want, rel=0.0, abs_tol=1e-6):
+            implied = metrics.rate_from_alpha(min(max(float(got), 0.0), 1.0), gamma)
+            raise CheckFailure(f"{label}: expected alpha = {fmt(want)}, got {fmt(got)} (whose rate at gamma {gamma} "
+                               f"would be {fmt(implied)}, not {rate:.6g})." + diagnose(mistakes, history, rel=1e-6))
 
 
 def _round(proposed: int, accepted: int, draft_s: float, target_s: float) -> RoundStats:

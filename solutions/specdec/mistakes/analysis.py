@@ -17,6 +17,30 @@ def _mean_ratio(accepted, gamma):
     return sum(min(1.0, k / max(1, min(k + 1, gamma))) for k in accepted) / len(accepted)
 
 
+def _rate_is_alpha(rate, gamma):
+    return rate
+
+
+def _bisect(rate_of, rate):
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if rate_of(mid) < rate else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _bonus_counted(rate, gamma):
+    return _bisect(lambda a: sum(a**i for i in range(gamma + 1)) / gamma, rate)
+
+
+def _all_gamma_accepted(rate, gamma):
+    return rate ** (1 / gamma)
+
+
+def _over_gamma_plus_one(rate, gamma):
+    return _bisect(lambda a: sum(a**i for i in range(1, gamma + 1)) / (gamma + 1), rate)
+
+
 def _c_per_round(rounds, step):
     return sum(r.draft_s for r in rounds) / len(rounds) / step, sum(r.target_s for r in rounds) / len(rounds) / step
 
@@ -62,12 +86,25 @@ def _any_task(rows, task, proposer):
 
 MISTAKES = [
     Mistake("acceptance_from_rounds", "divides_by_gamma_per_round", _naive,
-            "a round that rejected at position k + 1 never tested the positions after it: divide by the positions "
+            "you returned accepted / proposed, the draft acceptance rate (vLLM's draft_acceptance_rate), not alpha: a "
+            "round that rejected at position k + 1 never tested the positions after it, so divide by the positions "
             "tested, min(k + 1, gamma) per round, not gamma per round"),
     Mistake("acceptance_from_rounds", "k_plus_one_always", _plus_one,
             "a round that accepted all gamma drafts tested gamma positions, not gamma + 1: use min(k + 1, gamma)"),
     Mistake("acceptance_from_rounds", "mean_of_ratios", _mean_ratio,
             "pool the counts (total accepted / total tested) instead of averaging per-round ratios"),
+    Mistake("alpha_from_rate", "rate_is_alpha", _rate_is_alpha,
+            "you returned the rate itself: accepted / proposed counts the drafts after a round's first rejection as "
+            "rejected although nobody tested them, so at gamma > 1 it is below alpha; solve "
+            "(alpha + ... + alpha^gamma) / gamma = rate for alpha"),
+    Mistake("alpha_from_rate", "bonus_counted", _bonus_counted,
+            "the rate counts drafts only: a round accepts alpha + ... + alpha^gamma drafts on average (E - 1), the "
+            "correction or bonus token is not a draft"),
+    Mistake("alpha_from_rate", "all_gamma_accepted", _all_gamma_accepted,
+            "the rate is the mean of alpha, alpha^2, ..., alpha^gamma over the gamma positions, not alpha^gamma (the "
+            "chance that all gamma drafts pass)"),
+    Mistake("alpha_from_rate", "over_gamma_plus_one", _over_gamma_plus_one,
+            "divide the accepted drafts by the gamma drafts proposed, not by gamma + 1"),
     Mistake("measured_costs", "c_per_round", _c_per_round,
             "c is per drafted token: divide the draft's total seconds by the total drafts proposed, not by the rounds"),
     Mistake("measured_costs", "verify_ratio_inverted", _inverted,

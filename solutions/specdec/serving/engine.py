@@ -32,7 +32,7 @@ from specdec.models import tokenizer
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams, StopCriteria, check_vocabularies
 from specdec.sampling import sample
-from specdec.serving.adaptive import BatchCosts, StepCosts, acceptance_estimate, choose_gamma
+from specdec.serving.adaptive import BatchCosts, StepCosts, alpha_estimate, choose_gamma
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
@@ -42,7 +42,7 @@ from specdec.validate import check_positive_int
 
 AUTO_DECAY = 0.99  # old acceptance evidence fades: about 100 steps
 OVERHEAD_DECAY = 0.9  # moving average of the per-forward overheads over about 10 steps
-AUTO_PROBE_BELOW = 8.0  # with fewer recent drafts than this, "auto" drafts at least one token (explores)
+AUTO_PROBE_BELOW = 8.0  # with fewer recently tested draft positions than this, "auto" drafts at least one token (explores)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class ServingEngine:
         self.last_step: dict = {}  # the last step's batch, for inspection
         self._draft_was_behind = False  # the last drafting step fed a catch-up (a row that drafted nothing for a while)
         self.target_overhead_s = self.draft_overhead_s = 0.0  # seconds per step / per draft forward, see _learn_overheads
-        self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted and proposed drafts, decayed by AUTO_DECAY per step
+        self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted drafts and tested positions, decayed by AUTO_DECAY per step
         self._next_id = 0
 
     # ---- requests -------------------------------------------------------------------------
@@ -220,13 +220,13 @@ class ServingEngine:
         auto_gamma = 0
         if auto and self.max_gamma:
             costs = self.costs or self.measure_costs()
-            accepted, proposed = self.auto_evidence
+            accepted, tested = self.auto_evidence
             target_s, draft_s, B = self.target_overhead_s, self.draft_overhead_s, len(decoding)
             verify = costs[0].at_batch(B)  # B rows of 1 + gamma tokens each
-            auto_gamma = self.parts.choose_gamma(acceptance_estimate(accepted, proposed), B,
+            auto_gamma = self.parts.choose_gamma(alpha_estimate(accepted, tested), B,
                                                     lambda n: verify(n) + target_s, lambda n: costs[1](n, 1) + draft_s,
                                                     self.max_gamma)
-            if proposed < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
+            if tested < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
                 auto_gamma = max(auto_gamma, 1)
         for seq in self.running:
             wanted = auto_gamma if seq.gamma == "auto" else int(seq.gamma)
@@ -284,10 +284,11 @@ class ServingEngine:
                 continue
             if gamma:
                 tokens = verify_drafts(drafts[seq.seq_id], qs[seq.seq_id], row_logits, seq.params, seq.generator)
-                seq.proposed, seq.accepted = seq.proposed + gamma, seq.accepted + len(tokens) - 1
+                k = len(tokens) - 1  # drafts accepted; a rejection (k < gamma) tested one position more
+                seq.proposed, seq.accepted, seq.rejections = seq.proposed + gamma, seq.accepted + k, seq.rejections + (k < gamma)
                 if seq.gamma == "auto":
-                    accepted, proposed = self.auto_evidence
-                    self.auto_evidence = (accepted + len(tokens) - 1, proposed + gamma)
+                    accepted, tested = self.auto_evidence
+                    self.auto_evidence = (accepted + k, tested + k + (k < gamma))
             else:
                 tokens = [int(sample(seq.params.probs(row_logits[-1]), seq.generator))]
             committing.append(seq)

@@ -44,8 +44,9 @@ class Seq:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
-    proposed: int = 0
+    proposed: int = 0  # drafts proposed and accepted over the request's verify rounds
     accepted: int = 0
+    rejections: int = 0  # verify rounds that ended by a rejection (accepted fewer than proposed)
     preemptions: int = 0
 
     def __repr__(self) -> str:  # short, for schedules and error messages: Seq#3
@@ -65,5 +66,6 @@ class Seq:
         return self.status is SeqStatus.FINISHED
 
     @property
-    def acceptance(self) -> float | None:
+    def draft_acceptance_rate(self) -> float | None:
+        """accepted / proposed (not alpha: see :mod:`specdec.metrics`)."""
         return self.accepted / self.proposed if self.proposed else None
