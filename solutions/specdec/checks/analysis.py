@@ -41,12 +41,12 @@ def check_acceptance_from_rounds(fn: Callable) -> None:
 
 
 def check_alpha_from_rate(fn: Callable) -> None:
-    """alpha back from the rate it implies, for alphas 0..1 at gamma 1..16, within 1e-6."""
+    """alpha back from the rate it implies, for alphas 0..1 (small ones too) at gamma 1..16, within 1e-6."""
     mistakes = for_exercise("alpha_from_rate")
     history: list = []
     cases = [(0.757, 4), (1.0, 4), (0.0, 3)]
     cases += [(metrics.rate_from_alpha(alpha, gamma), gamma)
-              for alpha in (0.3, 0.6, 0.8, 0.89, 0.95, 0.999) for gamma in (1, 2, 4, 8, 16)]
+              for alpha in (0.05, 0.15, 0.3, 0.6, 0.8, 0.89, 0.95, 0.999) for gamma in (1, 2, 4, 8, 16)]
     for rate, gamma in cases:
         label = f"alpha_from_rate(rate={rate:.6g}, gamma={gamma})"
         want = metrics.alpha_from_rate(rate, gamma)
