@@ -296,6 +296,27 @@ def predicted_speedup(a, gamma, c, verify_ratio=1.0):
     return sum(a**i for i in range(gamma + 1)) / (gamma * c + verify_ratio)
 
 
+def alpha_from_rate(rate, gamma):
+    """Newton's method from alpha = 1 (the rate is increasing and convex in alpha), ints at the ends."""
+    if rate in (0, 1):
+        return int(rate)
+    alpha = 1.0
+    for _ in range(100):
+        f = sum(alpha**i for i in range(1, gamma + 1)) / gamma - rate
+        slope = sum(i * alpha ** (i - 1) for i in range(1, gamma + 1)) / gamma
+        alpha -= f / slope
+    return alpha
+
+
+def alpha_from_rate_coarse(rate, gamma):
+    """Bisection stopped as soon as the interval is 1e-6 wide: the tolerance the statement asks for."""
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid**i for i in range(1, gamma + 1)) / gamma < rate else (lo, mid)
+    return lo
+
+
 # -- notebook 10 ---------------------------------------------------------------------------------------------
 
 
@@ -355,6 +376,8 @@ ALTERNATIVES = [
     (verify_tree_sampling, tree_checks.check_verify_tree_sampling),
     (compact_cache, tree_checks.check_compact_cache),
     (acceptance_from_rounds, analysis_checks.check_acceptance_from_rounds),
+    (alpha_from_rate, analysis_checks.check_alpha_from_rate),
+    (alpha_from_rate_coarse, analysis_checks.check_alpha_from_rate),
     (predicted_speedup, analysis_checks.check_predicted_speedup),
     (draft_propose, pitfall_checks.check_draft_propose),
     (correction_token, pitfall_checks.check_correction_token),
