@@ -39,13 +39,18 @@ def _check_rounds(accepted: Sequence[int], gammas: Sequence[int]) -> None:
             raise ValueError(f"round {r}: need gamma >= 1 and 0 <= accepted <= gamma, got accepted={k!r}, gamma={g!r}")
 
 
+def alpha_from_counts(accepted: int, rejections: int) -> float:
+    """alpha = A / (A + R) from totals: A accepted drafts, R rounds that ended by a rejection (each tested one
+    position more than it accepted). 1.0 when no round ended by a rejection."""
+    if accepted < 0 or rejections < 0 or accepted + rejections == 0:
+        raise ValueError(f"need accepted >= 0, rejections >= 0 and one tested position, got {accepted}, {rejections}")
+    return accepted / (accepted + rejections)
+
+
 def alpha_estimate(accepted: Sequence[int], gammas: Sequence[int]) -> float:
-    """alpha = A / (A + R): accepted drafts over tested positions (a rejected round tested one more than it
-    accepted, a fully accepted round tested all its drafts). 1.0 when no round ended by a rejection."""
+    """alpha = A / (A + R) from per-round counts (a fully accepted round tested all its drafts)."""
     _check_rounds(accepted, gammas)
-    A = sum(accepted)
-    R = sum(k < g for k, g in zip(accepted, gammas))
-    return A / (A + R)  # every round tested at least one position: A + R >= rounds
+    return alpha_from_counts(sum(accepted), sum(k < g for k, g in zip(accepted, gammas)))
 
 
 def acceptance_metrics(accepted: Sequence[int], gammas: Sequence[int]) -> dict:

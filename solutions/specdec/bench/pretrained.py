@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec.bench.timing import LoadWatch, interleaved, spread
+from specdec.metrics import alpha_from_counts
 from specdec.models import corpus
 from specdec.models.hf import hf_generate
 from specdec.models.pretrained import PretrainedLM, load_pretrained, share_vocabulary
@@ -142,7 +143,7 @@ def run(target: PretrainedLM, draft: PretrainedLM | None, prompts: list[list[int
             "tokens_per_s_min": t["tokens"] / times["max"], "tokens_per_s_max": t["tokens"] / times["min"],
             "spread": times["spread"], "speedup": own_base["median"] / times["median"],
             # acceptance in its three forms (specdec.metrics)
-            "alpha": t["accepted"] / (t["accepted"] + t["rejections"]) if t["proposed"] else None,
+            "alpha": alpha_from_counts(t["accepted"], t["rejections"]) if t["proposed"] else None,
             "draft_acceptance_rate": t["accepted"] / t["proposed"] if t["proposed"] else None,
             "tokens_per_round": t["committed"] / t["rounds"] if t["rounds"] else None,
             "identical": f"{t['identical']}/{len(prompts)}",

@@ -26,6 +26,7 @@ import torch
 
 from specdec.bench.timing import LoadWatch, interleaved, spread
 from specdec.ledger import expected_tokens_per_round
+from specdec.metrics import alpha_from_counts
 from specdec.models import corpus, tokenizer
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams
@@ -90,7 +91,7 @@ def serve(engine: ServingEngine, jobs: list[Job], gamma: int | str, concurrency:
             "ttft_mean_s": statistics.fmean(ttft), "ttft_p90_s": _quantile(ttft, 0.9),
             "tpot_mean_s": statistics.fmean(tpot), "tpot_p90_s": _quantile(tpot, 0.9),
             # acceptance in two of its forms (specdec.metrics): per position, and accepted / proposed
-            "alpha": accepted / (accepted + rejections) if proposed else None,
+            "alpha": alpha_from_counts(accepted, rejections) if proposed else None,
             "draft_acceptance_rate": accepted / proposed if proposed else None,
             "mean_gamma": sum(s.drafts for s in steps) / max(sum(s.decoding_rows for s in steps), 1),
             "speculating_steps": sum(s.speculating_rows > 0 for s in steps) / max(len(steps), 1),

@@ -161,13 +161,14 @@ def sweep(engine: SpeculativeEngine, prompts: dict[str, list[list[int]]], n_toke
                 ("draft_frac", lambda g: sum(r.draft_s for r in g.rounds)),
                 ("target_frac", lambda g: sum(r.target_s for r in g.rounds)),
                 ("other_frac", lambda g: g.other_s + g.prefill_s))}
-            decode_s = times["median"] - sum(g.prefill_s for g in gens)
+            prefill_s = sum(g.prefill_s for g in gens)
+            decode_s = times["median"] - prefill_s
             row = _row(task, proposer, gamma, rounds, n_tokens * len(encoded), times, base_s,
                        1e-9 if proposer == "lookup" else costs["c"], costs["verify_ratio"].get(gamma, 1.0),
                        all(g.tokens == b.tokens for g, b in zip(gens, base)), split, base_decode_s / decode_s)
             row["decode_s_per_round"] = decode_s / len(rounds)
-            row["prefill_s"] = sum(g.prefill_s for g in gens)
-            row["target_only_prefill_s"] = sum(g.prefill_s for g in base)
+            row["prefill_s"] = prefill_s
+            row["target_only_prefill_s"] = base_s - base_decode_s
             row["target_only_decode_s_per_token"] = base_decode_s / (n_tokens * len(encoded))
             row["new_tokens"] = n_tokens * len(encoded)
             row["target_only_forward_s"] = sum(g.forward_s for g in base)  # every target forward, prefill included

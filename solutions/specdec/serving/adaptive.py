@@ -74,7 +74,7 @@ class StepCosts:
         return {"counts": self.counts, "seconds": self.seconds}
 
 
-def alpha_estimate(accepted: float, tested: float, prior: float = 0.5, weight: int = 8) -> float:
+def smoothed_alpha(accepted: float, tested: float, prior: float = 0.5, weight: int = 8) -> float:
     """alpha, the per-position acceptance E(alpha, gamma) takes: accepted drafts over tested positions (A / (A + R),
     R rounds ended by a rejection; see :mod:`specdec.metrics`), pulled toward ``prior`` while few positions were
     seen (``weight`` pseudo-positions). Not accepted / proposed: that rate falls with gamma at a fixed alpha."""

@@ -32,7 +32,7 @@ from specdec.models import tokenizer
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams, StopCriteria, check_vocabularies
 from specdec.sampling import sample
-from specdec.serving.adaptive import BatchCosts, StepCosts, alpha_estimate, choose_gamma
+from specdec.serving.adaptive import BatchCosts, StepCosts, choose_gamma, smoothed_alpha
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
@@ -223,7 +223,7 @@ class ServingEngine:
             accepted, tested = self.auto_evidence
             target_s, draft_s, B = self.target_overhead_s, self.draft_overhead_s, len(decoding)
             verify = costs[0].at_batch(B)  # B rows of 1 + gamma tokens each
-            auto_gamma = self.parts.choose_gamma(alpha_estimate(accepted, tested), B,
+            auto_gamma = self.parts.choose_gamma(smoothed_alpha(accepted, tested), B,
                                                     lambda n: verify(n) + target_s, lambda n: costs[1](n, 1) + draft_s,
                                                     self.max_gamma)
             if tested < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
