@@ -173,19 +173,49 @@ def test_serving_load_sweep_interleaves_modes_and_reports_alpha_and_the_crossove
     assert [p["batch"] for p in report["prediction"]] == [1, 2]
 
 
+def test_crossover_experiment_times_a_full_batch_decoding_and_predicts_from_the_same_costs():
+    from specdec.bench.serve import decode_sweep
+    from specdec.models.checkpoints import load_pair
+    from specdec.params import SamplingParams
+
+    target, draft = load_pair()
+    report = decode_sweep(target, draft, [1, 3], prompt_tokens=8, max_tokens=10, params=SamplingParams(temperature=1.0),
+                          task="code", repeats=2, progress=lambda *a: None)
+    rows = {(r["concurrency"], r["mode"]): r for r in report["rows"]}
+    assert set(rows) == {(b, m) for b in (1, 3) for m in ("off", "on", "auto")}
+    # the window ends at the first finish: plain decoding times max_tokens - 1 steps of the whole batch
+    assert all(rows[b, "off"]["steps"] == 9 and rows[b, "off"]["tokens"] == 9 * b for b in (1, 3))
+    assert rows[3, "on"]["alpha"] >= rows[3, "on"]["draft_acceptance_rate"] and rows[3, "on"]["mean_gamma"] > 3
+    assert report["costs"]["target"]["rows"] == [1, 2, 3] and report["config"]["context"] == 13
+    assert [p["batch"] for p in report["prediction"]] == [1, 3]
+    assert set(report["crossover"]) == {"on", "auto", "predicted", "predicted_forwards_only"}
+    assert set(rows[3, "on"]["overhead_s"]) == {"plain_step", "verify_step", "draft_forward"}
+
+
 def test_shipped_serving_measurement_backs_notebook_11s_reading():
-    """Notebook 11 reads data/bench/nb11_serve.json: alpha (not the acceptance rate) feeds the prediction,
-    speculation's gain shrinks with load to nothing at 64 requests, and the machine was quiet."""
+    """Notebook 11 reads data/bench/nb11_serve.json: the crossover experiment at its top level (speculation stops
+    paying from a batch of 32, the cost model with the time outside the forwards says 32, with the forward costs
+    alone 128), and the closed-loop stream under "closed_loop" (no crossover up to 256 requests)."""
     from specdec.paths import DATA_DIR
 
     shipped = json.loads((DATA_DIR / "bench" / "nb11_serve.json").read_text())
-    ratio = {r["concurrency"]: r["tokens_per_s"] for r in shipped["rows"] if r["mode"] == "on"}
-    for r in shipped["rows"]:
-        if r["mode"] == "off":
-            ratio[r["concurrency"]] /= r["tokens_per_s"]
-    assert ratio[1] > 1.2 and ratio[32] < ratio[4] < ratio[1] and ratio[64] < 1.0
-    on = [r for r in shipped["rows"] if r["mode"] == "on"]
-    assert all(r["alpha"] > r["draft_acceptance_rate"] for r in on)
-    assert abs(shipped["alpha_on"] - sum(r["alpha"] * r["tokens"] for r in on) / sum(r["tokens"] for r in on)) < 1e-9
-    assert shipped["crossover"]["on"] == 64
-    assert not any("busy" in w for w in shipped["machine"]["warnings"])
+
+    def ratios(report: dict, mode: str = "on") -> dict[int, float]:
+        off = {r["concurrency"]: r["tokens_per_s"] for r in report["rows"] if r["mode"] == "off"}
+        return {r["concurrency"]: r["tokens_per_s"] / off[r["concurrency"]] for r in report["rows"] if r["mode"] == mode}
+
+    on = ratios(shipped)
+    assert on[4] > 1.3 and on[16] > 1.0 and all(on[b] < 0.95 for b in (32, 64, 128))
+    assert shipped["crossover"] == {"on": 32, "auto": 32, "predicted": 32, "predicted_forwards_only": 128}
+    levels = shipped["config"]["levels"]
+    auto = {r["concurrency"]: r for r in shipped["rows"] if r["mode"] == "auto"}
+    off = {r["concurrency"]: r["tokens_per_s"] for r in shipped["rows"] if r["mode"] == "off"}
+    speculating = {r["concurrency"]: r["tokens_per_s"] for r in shipped["rows"] if r["mode"] == "on"}
+    within = [b for b in levels if auto[b]["tokens_per_s"] >= 0.95 * max(off[b], speculating[b])]
+    assert within == [1, 2, 4, 8, 16, 32] and auto[128]["mean_gamma"] < 0.5  # notebook 11 names 64 and 128 as misses
+    assert all(r["alpha"] > r["draft_acceptance_rate"] for r in shipped["rows"] if r["mode"] == "on")
+    closed = shipped["closed_loop"]
+    closed_on = ratios(closed)
+    assert closed_on[1] > 1.2 and closed_on[32] < closed_on[4] < closed_on[1] and closed_on[64] < 1.0
+    assert closed["crossover"]["on"] == 64
+    assert not any("busy" in w for report in (shipped, closed) for w in report["machine"]["warnings"])

@@ -6,7 +6,11 @@ string) is served with ``concurrency`` requests in flight: a closed loop by defa
 request joins as soon as one finishes), or Poisson arrivals at ``--rate`` requests per
 second, capped at ``concurrency`` in flight. Only the in-process engine is measured.
 
-    python -m specdec.bench.serve                        # artifacts/serve/serve.{json,csv,png}
+The crossover experiment (:func:`decode_sweep`, the report's top level) decodes B requests as one batch,
+timed while the batch is full, at batch sizes 1-128: the case the batch cost model describes, with a workload
+(short prompts, temperature 1) in which speculation measurably stops paying on this CPU.
+
+    python -m specdec.bench.serve                        # artifacts/serve/serve.{json,csv,png}, crossover.png
     python -m specdec.bench.serve --notebook-reference data/bench/nb11_serve.json
 """
 
@@ -19,7 +23,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,9 +36,14 @@ from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams
 from specdec.paths import DATA_DIR
 from specdec.serving.adaptive import BatchCosts
+from specdec.serving.blocks import blocks_for
 from specdec.serving.engine import ServingEngine
 
 MODES = {"off": 0, "on": 4, "auto": "auto"}  # gamma per request
+# The crossover experiment's workload: short prompts keep attention cheap beside the matmuls, and sampling at
+# temperature 1 on code keeps alpha near 0.86, so the batch at which a verify forward costs more than speculation
+# saves falls inside the sweep on this CPU (with alpha 0.94 it lies beyond 256 requests).
+CROSSOVER_TASK, CROSSOVER_PROMPT, CROSSOVER_PARAMS = "code", 16, SamplingParams(temperature=1.0)
 SETTINGS = (GREEDY, GREEDY, SamplingParams(temperature=0.7, top_p=0.95), SamplingParams(temperature=1.0, top_k=20))
 
 
@@ -46,13 +55,15 @@ class Job:
     seed: int
 
 
-def request_stream(n: int, max_tokens: int, seed: int = 0) -> list[Job]:
-    """n requests alternating code and math prompts, with mixed sampling settings, seeded."""
+def request_stream(n: int, max_tokens: int, seed: int = 0, task: str = "mixed") -> list[Job]:
+    """n requests alternating code and math prompts (or only ``task``'s), with mixed sampling settings, seeded."""
+    if task not in ("mixed", "code", "math"):
+        raise ValueError(f"task must be 'mixed', 'code' or 'math', got {task!r}")
     rng = random.Random(seed)
     code, math = corpus.code_prompts(n), corpus.math_prompts(n)
     jobs = []
     for i in range(n):
-        prompts = code if i % 2 == 0 else math
+        prompts = code if task == "code" or (task == "mixed" and i % 2 == 0) else math
         text = prompts[(i // 2) % len(prompts)]
         jobs.append(Job(tokenizer.encode(text), SETTINGS[rng.randrange(len(SETTINGS))], max_tokens, seed * 100_003 + i))
     return jobs
@@ -95,7 +106,7 @@ def serve(engine: ServingEngine, jobs: list[Job], gamma: int | str, concurrency:
             "draft_acceptance_rate": accepted / proposed if proposed else None,
             "mean_gamma": sum(s.drafts for s in steps) / max(sum(s.decoding_rows for s in steps), 1),
             "speculating_steps": sum(s.speculating_rows > 0 for s in steps) / max(len(steps), 1),
-            "overhead_s": {"target_step": engine.target_overhead_s, "draft_forward": engine.draft_overhead_s},
+            "overhead_s": engine.overheads,
             "preemptions": sum(s.preemptions for s in seqs), "requests": len(seqs), "speculating_requests": rounds}
 
 
@@ -145,6 +156,93 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
                        "rate": rate, "seed": seed, "repeats": repeats, "threads": torch.get_num_threads()}}
 
 
+def decode_phase(engine: ServingEngine, jobs: list[Job], gamma: int | str) -> dict:
+    """All ``jobs`` in one batch: prefill them (not timed), then time decoding while every row is still in the
+    batch, from the step after the last first token to the step in which the first request finishes. The batch
+    the cost model describes: B rows decoding side by side, no prefill mixed in, no stragglers' tail."""
+    for job in jobs:
+        engine.add_request(job.prompt, job.max_tokens, job.params, gamma=gamma, seed=job.seed)
+    while engine.waiting or any(s.first_token_time is None for s in engine.running):
+        engine.step()
+    before = sum(len(s.output) for s in engine.running)
+    first_step, start = len(engine.steps), time.perf_counter()
+    while not engine.done:
+        engine.step()
+    wall = time.perf_counter() - start
+    seqs = [s for s in engine.running] + list(engine.done.values())
+    tokens = sum(len(s.output) for s in seqs) - before
+    accepted, proposed, rejections = (sum(getattr(s, k) for s in seqs) for k in ("accepted", "proposed", "rejections"))
+    steps = engine.steps[first_step:]
+    target_costs, draft_costs = engine.costs
+    forwards = sum(target_costs(s.rows, s.target_tokens / s.rows) + s.max_gamma * draft_costs(s.speculating_rows, 1)
+                   for s in steps if s.rows)
+    engine.run()  # the rest, untimed: frees every block
+    return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "steps": len(steps),
+            "alpha": alpha_from_counts(accepted, rejections) if proposed else None,
+            "draft_acceptance_rate": accepted / proposed if proposed else None,
+            "mean_gamma": sum(s.drafts for s in steps) / max(sum(s.decoding_rows for s in steps), 1),
+            # the time outside the forwards' measured costs, per step of the window (Python, sampling, verification)
+            "outside_s": (wall - forwards) / max(len(steps), 1), "overhead_s": engine.overheads}
+
+
+def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: int = 16, max_tokens: int = 96,
+                 params: SamplingParams | None = None, task: str = "mixed", seed: int = 0, repeats: int = 3,
+                 progress=print) -> dict:
+    """The crossover experiment: at each level, that many requests (``prompt_tokens``-token prompts, mixed
+    sampling settings, exactly ``max_tokens`` new tokens each, no stop string) decode as one batch, with speculation
+    off, on (gamma 4) and auto, interleaved ``repeats`` times (median, min-max). The forward costs are measured at
+    the batch's mean context, over the same batch sizes, so the cost model's prediction and "auto" see the costs
+    this workload pays. Short prompts keep attention cheap beside the weights' matmuls: the regime in which a
+    batch turns a forward compute bound and speculation stops paying."""
+    context = prompt_tokens + max_tokens // 2
+    probe = ServingEngine(target, draft)
+    costs = probe.measure_costs(rows=sorted(set(levels) | {1, 2}), context=context)
+    watch = LoadWatch(torch.get_num_threads())
+    budget = max(levels) * (MODES["on"] + 1) * 2
+    blocks = max(levels) * blocks_for(prompt_tokens + max_tokens + 8, 16) + 8
+    rows = []
+    for level in levels:
+        jobs = [Job(job.prompt[:prompt_tokens], params or job.params, max_tokens, job.seed)
+                for job in request_stream(level, max_tokens, seed, task)]
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for _, mode in interleaved(list(MODES), repeats):
+            engine = ServingEngine(target, draft, num_blocks=blocks, block_size=16, token_budget=budget, max_gamma=8,
+                                   costs=costs)
+            runs[mode].append(decode_phase(engine, jobs, MODES[mode]))
+        watch.sample()
+        for mode, results in runs.items():
+            times = spread([r["seconds"] for r in results])
+            middle = min(results, key=lambda r: abs(r["seconds"] - times["median"]))
+            tokens = middle["tokens"]
+            rows.append({"concurrency": level, "mode": mode, **middle, "tokens_per_s": tokens / times["median"],
+                         "tokens_per_s_min": tokens / times["max"], "tokens_per_s_max": tokens / times["min"],
+                         "spread": times["spread"], "repeats": len(results)})
+            r = rows[-1]
+            progress(f"  batch {level:3d}  speculation {mode:4s}  {r['tokens_per_s']:7.0f} tokens/s "
+                     f"({r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f})  drafts/row {r['mean_gamma']:.2f}"
+                     + (f"  alpha {r['alpha']:.2f}" if r["alpha"] is not None else ""))
+    on = [r for r in rows if r["mode"] == "on"]
+    alpha = sum(r["alpha"] * r["tokens"] for r in on) / sum(r["tokens"] for r in on)
+    machine = watch.report({f"{r['mode']} at {r['concurrency']}": r["spread"] for r in rows})
+    # the cost model with the time outside the forwards measured in the same steps: plain steps' for gamma 0,
+    # gamma 4's for speculation (its draft forwards' share included)
+    outside = [{"concurrency": r["concurrency"], "mode": r["mode"],
+                "overhead_s": {"plain_step": r["outside_s"], "verify_step": r["outside_s"], "draft_forward": 0.0}}
+               for r in rows]
+    prediction = predicted_speedups(alpha, costs, levels, MODES["on"], outside)
+    forwards_only = predicted_speedups(alpha, costs, levels, MODES["on"])
+    for p, q in zip(prediction, forwards_only):
+        p["fixed_forwards_only"] = q["fixed"]
+    return {"rows": rows, "costs": {"target": costs[0].to_dict(), "draft": costs[1].to_dict()},
+            "alpha_on": alpha, "prediction": prediction, "machine": machine,
+            "crossover": {"on": crossover(rows, "on"), "auto": crossover(rows, "auto"),
+                          "predicted": next((p["batch"] for p in prediction if p["fixed"] <= 1), None),
+                          "predicted_forwards_only": next((p["batch"] for p in forwards_only if p["fixed"] <= 1), None)},
+            "config": {"levels": levels, "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "context": context,
+                       "task": task, "params": asdict(params) if params else "mixed (as the closed-loop stream)",
+                       "seed": seed, "repeats": repeats, "threads": torch.get_num_threads()}}
+
+
 def predicted_speedups(alpha: float, costs: tuple[BatchCosts, BatchCosts], levels: list[int], gamma: int,
                        rows: list[dict] | None = None) -> list[dict]:
     """Notebook 01's batch model with the measured forward costs: speculation's throughput over plain
@@ -154,14 +252,15 @@ def predicted_speedups(alpha: float, costs: tuple[BatchCosts, BatchCosts], level
     the serving form of notebook 09's per-round cost c0."""
     step, draft = costs
     overhead = {(r["concurrency"], r["mode"]): r["overhead_s"] for r in rows or []}
-    none = {"target_step": 0.0, "draft_forward": 0.0}
+    none = {"plain_step": 0.0, "verify_step": 0.0, "draft_forward": 0.0}
     out = []
     for batch in levels:
         on, off = overhead.get((batch, "on"), none), overhead.get((batch, "off"), none)
 
         def rate(g: int) -> float:
             extra = on if g else off
-            seconds = g * (draft(batch, 1) + extra["draft_forward"]) + step(batch, g + 1) + extra["target_step"]
+            seconds = (g * (draft(batch, 1) + extra["draft_forward"]) + step(batch, g + 1)
+                       + extra["verify_step" if g else "plain_step"])
             return batch * expected_tokens_per_round(alpha, g) / seconds
 
         best = max(range(9), key=lambda g: (rate(g), -g))
@@ -216,12 +315,47 @@ def plot(report: dict, path: Path | None = None):
     return fig
 
 
+def plot_crossover(report: dict, path: Path | None = None):
+    """The crossover experiment (:func:`decode_sweep`): throughput per mode, and speculation / off against the
+    cost model's prediction."""
+    import matplotlib.pyplot as plt
+
+    rows, colors = report["rows"], {"off": "tab:gray", "on": "tab:blue", "auto": "tab:green"}
+    off = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["mode"] == "off"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for mode, color in colors.items():
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["concurrency"])
+        x, y = [r["concurrency"] for r in mine], [r["tokens_per_s"] for r in mine]
+        err = [[v - r["tokens_per_s_min"] for r, v in zip(mine, y)], [r["tokens_per_s_max"] - v for r, v in zip(mine, y)]]
+        axes[0].errorbar(x, y, yerr=err, fmt="o-", color=color, capsize=2, label=f"speculation {mode} (median, min-max)")
+        if mode != "off":
+            axes[1].plot(x, [v / off[b] for b, v in zip(x, y)], "o-", color=color, label=f"measured, {mode}")
+    pred = report["prediction"]
+    axes[1].plot([p["batch"] for p in pred], [p["fixed"] for p in pred], "--", color="tab:blue",
+                 label=f"cost model, gamma {MODES['on']}")
+    axes[1].plot([p["batch"] for p in pred], [p["best"] for p in pred], "--", color="tab:green", label="cost model, best gamma")
+    axes[1].axhline(1.0, color="lightgray", lw=1)
+    for ax, title, ylabel in zip(axes, ("decode throughput", "speculation / off"), ("output tokens/s", "throughput ratio")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("requests decoding in one batch")
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=90)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     from specdec.models.checkpoints import load_pair
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+                        help="levels of the closed-loop stream")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128],
+                        help="batch sizes of the crossover experiment (short prompts, temperature 1, code)")
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per level, interleaved (median kept)")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -234,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("requests", "max_tokens", "threads", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if min(args.concurrency) < 1 or (args.rate is not None and args.rate <= 0):
-        parser.error("concurrency levels and --rate must be positive")
+    if min(args.concurrency) < 1 or min(args.batches) < 1 or (args.rate is not None and args.rate <= 0):
+        parser.error("concurrency levels, batch sizes and --rate must be positive")
     torch.set_num_threads(args.threads)
     try:
         target, draft = load_pair(args.models)
@@ -243,9 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_serve: {error}", file=sys.stderr)
         return 2
     start = time.perf_counter()
+    print(f"crossover experiment: batches {args.batches} of {CROSSOVER_TASK} prompts cut to {CROSSOVER_PROMPT} tokens, "
+          f"temperature {CROSSOVER_PARAMS.temperature}, speculation off / on (gamma {MODES['on']}) / auto")
+    report = decode_sweep(target, draft, sorted(args.batches), CROSSOVER_PROMPT, params=CROSSOVER_PARAMS,
+                          task=CROSSOVER_TASK, seed=args.seed, repeats=args.repeats)
     print(f"serving load sweep: concurrency {args.concurrency}, speculation off / on (gamma {MODES['on']}) / auto")
-    report = sweep(target, draft, sorted(args.concurrency), args.requests, args.max_tokens, args.rate, args.seed,
-                   args.repeats)
+    report["closed_loop"] = sweep(target, draft, sorted(args.concurrency), args.requests, args.max_tokens, args.rate,
+                                  args.seed, args.repeats)
     report["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {args.threads} CPU thread(s)"
     report["seconds"] = round(time.perf_counter() - start)
     if args.notebook_reference:
@@ -256,13 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve.json").write_text(json.dumps(report, indent=1) + "\n")
     with open(args.out / "serve.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(report["rows"][0]))
+        writer = csv.DictWriter(f, fieldnames=list(report["closed_loop"]["rows"][0]))
         writer.writeheader()
-        writer.writerows(report["rows"])
-    plot(report, args.out / "serve.png")
-    print(f"crossover (speculation no longer faster): gamma {MODES['on']} at {report['crossover']['on']} concurrent "
-          f"requests (the cost model: {report['crossover']['predicted']}), auto at {report['crossover']['auto']}")
-    print(f"wrote {args.out}/serve.json, serve.csv, serve.png in {report['seconds']} s")
+        writer.writerows(report["closed_loop"]["rows"])
+    plot(report["closed_loop"], args.out / "serve.png")
+    plot_crossover(report, args.out / "crossover.png")
+    print(f"crossover (speculation no longer faster): gamma {MODES['on']} at a batch of {report['crossover']['on']} "
+          f"(the cost model: {report['crossover']['predicted']}); auto at {report['crossover']['auto']}")
+    print(f"wrote {args.out}/serve.json, serve.csv, serve.png, crossover.png in {report['seconds']} s")
     return 0
 
 

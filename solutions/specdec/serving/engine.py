@@ -21,7 +21,9 @@ measures the forward costs if none were given (a few seconds).
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
@@ -41,7 +43,7 @@ from specdec.serving.sequence import Seq, SeqStatus
 from specdec.validate import check_positive_int
 
 AUTO_DECAY = 0.99  # old acceptance evidence fades: about 100 steps
-OVERHEAD_DECAY = 0.9  # moving average of the per-forward overheads over about 10 steps
+OVERHEAD_WINDOW = 16  # the per-step overheads are medians over this many recent steps
 AUTO_PROBE_BELOW = 8.0  # with fewer recently tested draft positions than this, "auto" drafts at least one token (explores)
 
 
@@ -107,7 +109,8 @@ class ServingEngine:
         self.parts = parts
         self.last_step: dict = {}  # the last step's batch, for inspection
         self._draft_was_behind = False  # the last drafting step fed a catch-up (a row that drafted nothing for a while)
-        self.target_overhead_s = self.draft_overhead_s = 0.0  # seconds per step / per draft forward, see _learn_overheads
+        # seconds outside the forwards per plain step, per verifying step, per draft forward: see _learn_overheads
+        self._overhead_samples = {kind: deque(maxlen=OVERHEAD_WINDOW) for kind in ("plain_step", "verify_step", "draft_forward")}
         self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted drafts and tested positions, decayed by AUTO_DECAY per step
         self._next_id = 0
 
@@ -199,16 +202,23 @@ class ServingEngine:
     def _learn_overheads(self, draft_s: float, draft_forwards: int, draft_rows: int, other_s: float, rows: int,
                          tokens: int) -> None:
         """Time beyond the measured forward costs (Python, sampling, verification, bookkeeping) per target step
-        and per draft forward, as moving averages over recent decode-only steps (so at about the current batch
-        size): "auto" adds them to the forward costs, since a step saved by speculation saves them too."""
+        and per draft forward, as medians of the last OVERHEAD_WINDOW decode-only steps (so at about the current
+        batch size; a median, so that one slow step, a garbage collection say, does not move it): "auto" adds them
+        to the forward costs, since a step saved by speculation saves them too. A step that verifies drafts costs
+        more outside its forward than one that samples a token per row (each row's verification), so the two
+        kinds are learned apart."""
         if self.costs is None:
             return
-        rate = 1 - OVERHEAD_DECAY
-        extra = max(other_s - self.costs[0](rows, tokens / rows), 0.0)
-        self.target_overhead_s += rate * (extra - self.target_overhead_s)
+        extra = other_s - self.costs[0](rows, tokens / rows)
+        self._overhead_samples["verify_step" if draft_forwards else "plain_step"].append(extra)
         if draft_forwards and not self._draft_was_behind:  # a catch-up forward is not the cost of drafting
-            extra = max(draft_s / draft_forwards - self.costs[1](draft_rows, 1), 0.0)
-            self.draft_overhead_s += rate * (extra - self.draft_overhead_s)
+            self._overhead_samples["draft_forward"].append(draft_s / draft_forwards - self.costs[1](draft_rows, 1))
+
+    @property
+    def overheads(self) -> dict[str, float]:
+        """Learned seconds outside the forwards: per plain step, per verifying step, per draft forward (>= 0)."""
+        return {kind: max(statistics.median(samples), 0.0) if samples else 0.0
+                for kind, samples in self._overhead_samples.items()}
 
     def _decoding(self, seq: Seq) -> bool:
         return seq.num_tokens - seq.num_computed == 1
@@ -221,11 +231,14 @@ class ServingEngine:
         if auto and self.max_gamma:
             costs = self.costs or self.measure_costs()
             accepted, tested = self.auto_evidence
-            target_s, draft_s, B = self.target_overhead_s, self.draft_overhead_s, len(decoding)
+            extra, B = self.overheads, len(decoding)
             verify = costs[0].at_batch(B)  # B rows of 1 + gamma tokens each
-            auto_gamma = self.parts.choose_gamma(smoothed_alpha(accepted, tested), B,
-                                                    lambda n: verify(n) + target_s, lambda n: costs[1](n, 1) + draft_s,
-                                                    self.max_gamma)
+
+            def step_time(n: int) -> float:  # n == B: plain decoding, one token per row
+                return verify(n) + extra["plain_step" if n <= B else "verify_step"]
+
+            auto_gamma = self.parts.choose_gamma(smoothed_alpha(accepted, tested), B, step_time,
+                                                    lambda n: costs[1](n, 1) + extra["draft_forward"], self.max_gamma)
             if tested < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
                 auto_gamma = max(auto_gamma, 1)
         for seq in self.running:
