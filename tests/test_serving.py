@@ -223,7 +223,7 @@ def test_auto_gamma_turns_speculation_off_when_verification_is_costly():
     target, draft = tiny_pair(vocab=32, noise=0.1)
     for costs, deep in (((StepCosts([1, 100], [1.0, 100.0]), StepCosts([1, 100], [0.2, 20.0])), False),
                         ((StepCosts([1, 100], [1.0, 1.0]), StepCosts([1, 100], [0.01, 0.01])), True)):
-        engine = ServingEngine(target, draft, num_blocks=200, block_size=4, costs=costs, max_gamma=4)
+        engine = ServingEngine(target, draft, num_blocks=200, block_size=4, costs=costs, max_gamma=4, measure_gain=False)
         for i in range(6):
             engine.add_request([i + 1, 2], 30, gamma="auto")
         done = engine.run()
@@ -233,11 +233,58 @@ def test_auto_gamma_turns_speculation_off_when_verification_is_costly():
         assert all(s.output == target_only_generate(target, s.prompt, 30) for s in done.values())
 
 
+def test_goodput_gate_overrules_the_model_only_on_a_measured_gain_and_probes_less_often_as_probes_agree():
+    """Paired steps (a speculating one beside a plain one, same batch) measure what speculation costs; with the
+    tokens a round commits (E(alpha, gamma) until enough rounds were seen) that is the gain, and beyond the margin
+    it wins over the model's gamma; the arm not in use is probed at doubling intervals, rarely once the gain is
+    far from 1; a new batch size starts afresh."""
+    from specdec.ledger import expected_tokens_per_round as E
+    from specdec.serving.adaptive import GoodputGate
+
+    gate = GoodputGate(margin=0.05, sure=1.0, probe_every=4, max_interval=16, min_rounds=10**9)  # E, no jumps
+    assert gate.decide(0, 64, 0.8, 4, 4) == 0  # nothing measured yet: try the other arm (plain) first
+    gate.record(0, 64, 0, 0.064, 64, 0.8)
+    assert gate.decide(1, 64, 0.8, 4, 4) == 4
+    gate.record(1, 64, 4, 0.320, 200, 0.8)  # a verify step costs 5 plain steps
+    assert gate.gain(0.8) == pytest.approx(E(0.8, 4) / 5) and gate.gain(0.99) == pytest.approx(E(0.99, 4) / 5)
+    probes = []
+    for step in range(2, 40):
+        gamma = gate.decide(step, 64, 0.8, 4, 4)
+        gate.record(step, 64, gamma, 0.320 if gamma else 0.064, 200 if gamma else 64, 0.8)
+        probes += [step] * (gamma > 0)
+    assert probes == [5, 13, 29]  # the measured loss (0.67) overrules the model; probes 4, 8, 16 steps apart
+    assert len(gate.pairs) == 4  # one pair per probe, not one per plain step beside it
+    gate.record(40, 64, 0, 0.064, 64, 0.8)
+    gate.record(41, 64, 4, 0.100, 200, 0.8)  # one cheap probe does not outvote four pairs
+    assert gate.decide(42, 64, 0.8, 4, 4) == 0
+    gate.record(45, 8, 3, 0.010, 24, 0.8)  # a new batch size: nothing measured there, so plain is probed first
+    assert gate.gain(0.8) is None and gate.decide(46, 8, 0.8, 3, 3) == 0
+    gate.record(46, 8, 0, 0.008, 8, 0.8)  # ratio 1.25 at gamma 3: gain E(0.8, 3) / 1.25 = 2.36
+    assert gate.decide(47, 8, 0.8, 0, 3) == 3 and gate.decide(47, 8, 0.8, 2, 3) == 2  # overrules a model's 0
+    assert gate.decide(48, 8, 0.1, 2, 3) == 0  # the same costs at alpha 0.1: a loss (E(0.1, 3) / 1.25 = 0.89)
+    gate.record(60, 16, 0, 0.016, 16, 0.8)
+    gate.record(61, 16, 1, 0.0288, 32, 0.8)  # ratio 1.8 at gamma 1, alpha 0.8: gain 1.0, within the margin
+    assert gate.decide(62, 16, 0.8, 0, 3) == 0 and gate.decide(63, 16, 0.8, 2, 3) == 2
+
+    measured = GoodputGate(min_rounds=16, probe_every=4, max_interval=64)
+    measured.record(0, 32, 0, 0.032, 32, 0.9)
+    measured.record(1, 32, 1, 0.048, 48, 0.9)  # rounds of one draft commit 1.5 tokens, not E(0.9, 1) = 1.9
+    assert measured.tokens_per_round(0.9, 1) == pytest.approx(1.5) and measured.gain(0.9) == pytest.approx(1.0)
+    assert measured.tokens_per_round(0.9, 4) == pytest.approx(E(0.9, 4))  # no rounds seen at 4: the model's E
+    assert measured.interval == 4  # a gain near 1: probe again soon
+    measured.record(2, 32, 0, 0.064, 32, 0.9)  # plain steps got twice as dear: this pair's gain is 2
+    measured.record(3, 32, 1, 0.048, 48, 0.9)
+    assert measured.gain(0.9) == pytest.approx(1.5) and measured.interval == 64  # the median, far from 1
+
+
 def test_auto_rows_estimate_alpha_from_tested_positions_not_the_acceptance_rate():
     """The adaptive rule feeds E(alpha, gamma) with accepted / tested positions (A / (A + R)), which is at least
     the draft acceptance rate accepted / proposed, and above it as soon as a round stops at a rejection."""
+    from specdec.serving.adaptive import StepCosts
+
     target, draft = shipped_pair()
-    engine = ServingEngine(target, draft, max_gamma=8)
+    flat = (StepCosts([1, 100], [1.0, 1.0]), StepCosts([1, 100], [0.01, 0.01]))  # extra positions cost nothing: deep
+    engine = ServingEngine(target, draft, max_gamma=8, costs=flat, measure_gain=False)  # drafts, whatever the clock
     ids = [engine.add_request(tokenizer.encode(p), 40, gamma="auto") for p in corpus.math_prompts(2)]
     while engine.has_unfinished():
         engine.step()

@@ -190,7 +190,9 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
                  progress=print) -> dict:
     """The crossover experiment: at each level, that many requests (``prompt_tokens``-token prompts, mixed
     sampling settings, exactly ``max_tokens`` new tokens each, no stop string) decode as one batch, with speculation
-    off, on (gamma 4) and auto, interleaved ``repeats`` times (median, min-max). The forward costs are measured at
+    off, on (gamma 4) and auto, interleaved ``repeats`` times (median, min-max), and up to 16 times below a batch
+    of 16, whose runs last a second or two each (``48 // level``: every median rests on about ten seconds of
+    decoding or more). The forward costs are measured at
     the batch's mean context, over the same batch sizes, so the cost model's prediction and "auto" see the costs
     this workload pays. Short prompts keep attention cheap beside the weights' matmuls: the regime in which a
     batch turns a forward compute bound and speculation stops paying."""
@@ -205,7 +207,7 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
         jobs = [Job(job.prompt[:prompt_tokens], params or job.params, max_tokens, job.seed)
                 for job in request_stream(level, max_tokens, seed, task)]
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
-        for _, mode in interleaved(list(MODES), repeats):
+        for _, mode in interleaved(list(MODES), max(repeats, min(16, 48 // level))):
             engine = ServingEngine(target, draft, num_blocks=blocks, block_size=16, token_budget=budget, max_gamma=8,
                                    costs=costs)
             runs[mode].append(decode_phase(engine, jobs, MODES[mode]))
@@ -358,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="batch sizes of the crossover experiment (short prompts, temperature 1, code)")
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per level, interleaved (median kept)")
+    parser.add_argument("--batch-repeats", type=int, default=5,
+                        help="the same for the crossover experiment (more below a batch of 16)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: closed loop)")
     parser.add_argument("--seed", type=int, default=0)
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "serve")
     parser.add_argument("--notebook-reference", type=Path, metavar="JSON", help="write the report here instead (for notebook 11)")
     args = parser.parse_args(argv)
-    for name in ("requests", "max_tokens", "threads", "repeats"):
+    for name in ("requests", "max_tokens", "threads", "repeats", "batch_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if min(args.concurrency) < 1 or min(args.batches) < 1 or (args.rate is not None and args.rate <= 0):
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"crossover experiment: batches {args.batches} of {CROSSOVER_TASK} prompts cut to {CROSSOVER_PROMPT} tokens, "
           f"temperature {CROSSOVER_PARAMS.temperature}, speculation off / on (gamma {MODES['on']}) / auto")
     report = decode_sweep(target, draft, sorted(args.batches), CROSSOVER_PROMPT, params=CROSSOVER_PARAMS,
-                          task=CROSSOVER_TASK, seed=args.seed, repeats=args.repeats)
+                          task=CROSSOVER_TASK, seed=args.seed, repeats=args.batch_repeats)
     print(f"serving load sweep: concurrency {args.concurrency}, speculation off / on (gamma {MODES['on']}) / auto")
     report["closed_loop"] = sweep(target, draft, sorted(args.concurrency), args.requests, args.max_tokens, args.rate,
                                   args.seed, args.repeats)

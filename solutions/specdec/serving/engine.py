@@ -21,6 +21,7 @@ measures the forward costs if none were given (a few seconds).
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections import deque
@@ -34,10 +35,11 @@ from specdec.models import tokenizer
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams, StopCriteria, check_vocabularies
 from specdec.sampling import sample
-from specdec.serving.adaptive import BatchCosts, StepCosts, choose_gamma, smoothed_alpha
+from specdec.serving.adaptive import BatchCosts, GoodputGate, StepCosts, choose_gamma, smoothed_alpha
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
+from specdec.serving.prefix_cache import PrefixCache
 from specdec.serving.scheduler import schedule_step
 from specdec.serving.sequence import Seq, SeqStatus
 from specdec.validate import check_positive_int
@@ -65,6 +67,10 @@ class Parts:
                 raise TypeError(f"Parts.{f.name} must be a function, got {getattr(self, f.name)!r}")
 
 
+class StepError(RuntimeError):
+    """A step failed (in one of the parts, or a model); the engine is as it was before the step."""
+
+
 @dataclass
 class StepRecord:
     """What one step did, for plots and the benchmark."""
@@ -85,8 +91,11 @@ class ServingEngine:
     def __init__(self, target: Llama, draft: Llama | None = None, *, num_blocks: int = 512, block_size: int = 16,
                  token_budget: int = 512, max_gamma: int = 8,
                  costs: tuple[BatchCosts | StepCosts, BatchCosts | StepCosts] | None = None,
-                 parts: Parts = Parts()) -> None:
-        """``parts``: the exercises' functions to use (:class:`Parts`; the reference's by default)."""
+                 parts: Parts = Parts(), measure_gain: bool = True, prefix_caching: bool = False) -> None:
+        """``parts``: the exercises' functions to use (:class:`Parts`; the reference's by default).
+        ``prefix_caching``: share the KV blocks of verified prefixes between requests (:mod:`.prefix_cache`).
+        ``measure_gain``: let "auto" overrule the cost model with the gain it measures (:class:`GoodputGate`);
+        False keeps the model alone (for what-if costs that are not this machine's)."""
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
@@ -99,6 +108,8 @@ class ServingEngine:
         self.draft_kv = PagedKV(draft.config, num_blocks, block_size, dtype) if draft is not None else None
         self.num_blocks, self.block_size, self.token_budget, self.max_gamma = num_blocks, block_size, token_budget, max_gamma
         self.free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
+        self.refs: dict[int, int] = {}  # block -> how many block tables hold it (more than one: a shared prefix)
+        self.prefix_cache = PrefixCache() if prefix_caching else None
         self.waiting: list[Seq] = []
         self.running: list[Seq] = []
         self.done: dict[int, Seq] = {}
@@ -112,7 +123,13 @@ class ServingEngine:
         # seconds outside the forwards per plain step, per verifying step, per draft forward: see _learn_overheads
         self._overhead_samples = {kind: deque(maxlen=OVERHEAD_WINDOW) for kind in ("plain_step", "verify_step", "draft_forward")}
         self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted drafts and tested positions, decayed by AUTO_DECAY per step
+        self.gate = GoodputGate() if measure_gain else None
+        self._auto_gamma = min(4, max_gamma)  # the model's last gamma > 0 for "auto" rows: what a probe drafts
+        self._draft_first_s = 0.0  # the last drafting's first forward (which feeds each row's pending tokens)
         self._next_id = 0
+        self._where: tuple[str, Seq | None] = ("the engine", None)  # what the step is doing, for its error
+        self._in_step = False
+        self._aborting: list[int] = []  # aborts asked for during a step, carried out when it ends
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt: Sequence[int] | str, max_tokens: int, params: SamplingParams = GREEDY, *,
@@ -157,17 +174,68 @@ class ServingEngine:
         return bool(self.waiting or self.running)
 
     def run(self) -> dict[int, Seq]:
-        """Step until every request has finished; every request ever added, by id."""
+        """Step until every request has finished or was aborted; every request ever added, by id."""
         while self.has_unfinished():
             self.step()
         return self.done
 
+    def abort_request(self, seq_id: int) -> bool:
+        """The client went away: free every block of the request (lookahead included) and emit nothing more
+        for it; the other requests are unaffected. Asked for during a step (from a part, say), it takes effect
+        when the step ends and drops what that step emitted for it (unless the step finished the request).
+        False if the request had already ended."""
+        seq = next((s for s in self.waiting + self.running if s.seq_id == seq_id), None)
+        if seq is None:
+            if seq_id in self.done:
+                return False
+            raise KeyError(f"no request {seq_id!r} in this engine (ids go from 0 to {self._next_id - 1})")
+        if self._in_step:
+            self._aborting.append(seq_id)
+            return True
+        self._release(seq, 0)
+        (self.waiting if seq in self.waiting else self.running).remove(seq)
+        seq.status, seq.num_computed, seq.draft_computed, seq.lookahead, seq.cached_blocks = SeqStatus.ABORTED, 0, 0, 0, 0
+        seq.finish_time = time.perf_counter()
+        self.done[seq.seq_id] = seq
+        return True
+
     # ---- one step -------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> dict[int, list[int]]:
-        """One scheduler step and one target forward; the tokens each request emitted."""
+        """One scheduler step and one target forward; the tokens each request emitted. If anything in the step
+        raises (a part, a model), the engine is put back exactly as it was before the step, and a
+        :class:`StepError` names the part and the request(s)."""
+        saved = self._save()
+        self._in_step, self._aborting = True, []
+        try:
+            emitted = self._step()
+        except Exception as error:
+            self._restore(saved)
+            where, seq = self._where
+            ids = [s.seq_id for s in self.running + self.waiting]
+            who = f"request {seq.seq_id}" if seq is not None else "requests " + ", ".join(map(str, ids[:12])) + (
+                ", ..." if len(ids) > 12 else "")
+            raise StepError(f"{where} raised {type(error).__name__}: {error} (step {len(self.steps)}, {who}); the "
+                            "engine is as it was before the step: fix it and call step() or run() again") from error
+        except BaseException:  # an interrupt: put the engine back, let it through
+            self._restore(saved)
+            raise
+        finally:
+            self._in_step = False
+        for seq_id in self._aborting:  # the client left during the step: nothing of this step reaches it
+            seq = next((s for s in self.running + self.waiting if s.seq_id == seq_id), None)
+            if seq is not None:
+                del seq.output[len(saved["seqs"][seq][0]["output"]):]
+                emitted.pop(seq_id, None)
+                self.abort_request(seq_id)
+        return emitted
+
+    def _step(self) -> dict[int, list[int]]:
         start = time.perf_counter()
+        self._where = ("Parts.choose_gamma", None)
         self._set_lookahead()
+        self._match_prefixes()
+        self._where = ("Parts.schedule_step", None)
         scheduled, preempted = self.parts.schedule_step(self.running, self.waiting, self.token_budget,
                                                         len(self.free_blocks), self.block_size)
         self._preempt(preempted)
@@ -178,9 +246,7 @@ class ServingEngine:
         self.running += admitted
         rows = [s for s in self.running if s in scheduled]
         for seq in rows:
-            if not self.parts.reserve_slots(self.free_blocks, seq.block_table, seq.num_computed + scheduled[seq],
-                                            self.block_size):
-                raise RuntimeError(f"the scheduler granted request {seq.seq_id} blocks that are not free")
+            self._reserve(seq, seq.num_computed + scheduled[seq])
         if not rows:
             if self.running or self.waiting:
                 raise RuntimeError("no request could be scheduled: the token budget or the KV blocks are too small")
@@ -188,12 +254,16 @@ class ServingEngine:
         gammas = [scheduled[s] - 1 if self._decoding(s) and s.lookahead else 0 for s in rows]
         decoding = sum(self._decoding(s) for s in rows)
         drafting = time.perf_counter()
+        self._where = ("the draft's forward", None)
         drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
         drafted = time.perf_counter()
         emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
         if decoding == len(rows):  # the costs were measured on decode rows: learn from decode-only steps
             self._learn_overheads(drafted - drafting, max(gammas), sum(g > 0 for g in gammas),
                                   time.perf_counter() - start - (drafted - drafting), len(rows), sum(scheduled.values()))
+            if self.gate is not None and all(s.gamma == "auto" for s in rows):
+                self._record_gain(rows, max(gammas), drafted - drafting, time.perf_counter() - start,
+                                  sum(map(len, emitted.values())))
         self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
                                      decoding, sum(g > 0 for g in gammas),
                                      max(gammas), sum(gammas), len(self.free_blocks)))
@@ -213,6 +283,16 @@ class ServingEngine:
         self._overhead_samples["verify_step" if draft_forwards else "plain_step"].append(extra)
         if draft_forwards and not self._draft_was_behind:  # a catch-up forward is not the cost of drafting
             self._overhead_samples["draft_forward"].append(draft_s / draft_forwards - self.costs[1](draft_rows, 1))
+
+    def _record_gain(self, rows: list[Seq], gamma: int, draft_s: float, step_s: float, tokens: int) -> None:
+        """Feed the gate one step of "auto" rows. A draft that fell behind while speculation was off first feeds
+        every token it missed, once; the step is recorded as if that forward cost what its other forwards did
+        (with one draft, what the measured costs say a draft forward costs)."""
+        if gamma and self._draft_was_behind:  # a clean forward of this step stands in, or the measured costs
+            clean = (draft_s - self._draft_first_s) / (gamma - 1) if gamma > 1 else (
+                self.costs[1](len(rows), 1) + self.overheads["draft_forward"])
+            step_s -= self._draft_first_s - clean
+        self.gate.record(len(self.steps), len(rows), gamma, step_s, tokens, smoothed_alpha(*self.auto_evidence))
 
     @property
     def overheads(self) -> dict[str, float]:
@@ -237,10 +317,14 @@ class ServingEngine:
             def step_time(n: int) -> float:  # n == B: plain decoding, one token per row
                 return verify(n) + extra["plain_step" if n <= B else "verify_step"]
 
-            auto_gamma = self.parts.choose_gamma(smoothed_alpha(accepted, tested), B, step_time,
+            alpha = smoothed_alpha(accepted, tested)
+            auto_gamma = self.parts.choose_gamma(alpha, B, step_time,
                                                     lambda n: costs[1](n, 1) + extra["draft_forward"], self.max_gamma)
             if tested < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
                 auto_gamma = max(auto_gamma, 1)
+            self._auto_gamma = auto_gamma or self._auto_gamma
+            if self.gate is not None and len(auto) == len(decoding) == len(self.running):
+                auto_gamma = self.gate.decide(len(self.steps), B, alpha, auto_gamma, self._auto_gamma)
         for seq in self.running:
             wanted = auto_gamma if seq.gamma == "auto" else int(seq.gamma)
             remaining = seq.stop.max_tokens - len(seq.output)  # never draft past max_tokens
@@ -249,9 +333,9 @@ class ServingEngine:
     def _preempt(self, seqs: list[Seq]) -> None:
         for seq in seqs:
             if seq not in self.running:
-                raise RuntimeError(f"the scheduler preempted {seq!r}, which is not running")
-            self.parts.release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
-            seq.num_computed = seq.draft_computed = seq.lookahead = 0
+                raise ValueError(f"it preempted {seq!r}, which is not running")
+            self._release(seq, 0)
+            seq.num_computed = seq.draft_computed = seq.lookahead = seq.cached_blocks = 0
             seq.status = SeqStatus.WAITING
             seq.preemptions += 1
             self.running.remove(seq)
@@ -263,17 +347,22 @@ class ServingEngine:
         q_rows: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in rows}
         feeds = {s.seq_id: s.tokens[s.draft_computed:] for s in rows}
         self._draft_was_behind = max((len(f) for f in feeds.values()), default=0) > 2  # it fell behind while off
+        started = time.perf_counter()
         for j in range(max(gammas, default=0)):
+            if j == 1:  # the first forward, which fed each row's pending tokens
+                self._draft_first_s = time.perf_counter() - started
             active = [s for s, g in zip(rows, gammas) if g > j]
             batch = RaggedBatch([feeds[s.seq_id] for s in active], [s.draft_computed for s in active],
                                 [s.block_table for s in active])
             logits = paged_forward(self.draft, self.draft_kv, batch, [[len(feeds[s.seq_id]) - 1] for s in active],
-                                   self.parts.slot_mapping)
+                                   self._slot_mapping)
             for seq, q, token in zip(active, *_sample_rows(active, torch.cat(logits))):
                 seq.draft_computed += len(feeds[seq.seq_id])
                 drafts[seq.seq_id].append(token)
                 q_rows[seq.seq_id].append(q)
                 feeds[seq.seq_id] = [token]
+        if max(gammas, default=0) == 1:
+            self._draft_first_s = time.perf_counter() - started
         return drafts, {k: torch.stack(v) for k, v in q_rows.items() if v}
 
     def _verify_and_commit(self, rows: list[Seq], gammas: list[int], scheduled: dict[Seq, int],
@@ -289,12 +378,14 @@ class ServingEngine:
                 logit_rows.append([n - 1] if seq.num_computed + n == seq.num_tokens else [])  # last chunk: sample
         batch = RaggedBatch(feeds, [s.num_computed for s in rows], [s.block_table for s in rows])
         self.last_step = {"seq_ids": [s.seq_id for s in rows], "batch": batch, "gammas": list(gammas)}
-        logits = paged_forward(self.target, self.kv, batch, logit_rows, self.parts.slot_mapping)
+        self._where = ("the target's forward", None)
+        logits = paged_forward(self.target, self.kv, batch, logit_rows, self._slot_mapping)
         committing, committed, committing_gammas = [], [], []
         for seq, gamma, row_logits, feed in zip(rows, gammas, logits, feeds):
             if not len(row_logits):  # a prefill chunk that is not the prompt's last
                 seq.num_computed += len(feed)
                 continue
+            self._where = ("verification", seq)
             if gamma:
                 tokens = verify_drafts(drafts[seq.seq_id], qs[seq.seq_id], row_logits, seq.params, seq.generator)
                 k = len(tokens) - 1  # drafts accepted; a rejection (k < gamma) tested one position more
@@ -307,21 +398,105 @@ class ServingEngine:
             committing.append(seq)
             committed.append(tokens)
             committing_gammas.append(gamma)
+        self._where = ("Parts.commit_round", None)
         emitted_rows = self.parts.commit_round(committing, committed, committing_gammas)
+        if not isinstance(emitted_rows, list) or len(emitted_rows) != len(committing):
+            raise ValueError(f"it must return one list of emitted tokens per row ({len(committing)}), "
+                             f"got {emitted_rows!r:.80}")
         self.last_step["emitted"] = {}
         now, emitted = time.perf_counter(), self.last_step["emitted"]
         for seq, tokens in zip(committing, emitted_rows):
             emitted[seq.seq_id] = tokens
             if seq.first_token_time is None:
                 seq.first_token_time = now
+            self._publish(seq)
             if seq.is_finished:
                 seq.finish_time = now
-                self.parts.release_slots(self.free_blocks, seq.block_table, 0, self.block_size)
+                self._release(seq, 0)
                 self.running.remove(seq)
                 self.done[seq.seq_id] = seq
             else:
-                self.parts.release_slots(self.free_blocks, seq.block_table, seq.num_computed, self.block_size)
+                self._release(seq, seq.num_computed)
         return emitted
+
+    # ---- blocks: reference counts and the prefix cache -----------------------------------------
+    def _reserve(self, seq: Seq, num_slots: int) -> None:
+        self._where = ("Parts.reserve_slots", seq)
+        held = len(seq.block_table)
+        if not self.parts.reserve_slots(self.free_blocks, seq.block_table, num_slots, self.block_size):
+            raise ValueError(f"it refused {num_slots} slots that Parts.schedule_step granted "
+                             f"({len(self.free_blocks)} blocks free, the table has {held})")
+        for block in seq.block_table[held:]:
+            if self.refs.get(block, 0):
+                raise ValueError(f"it handed out block {block}, which another request holds")
+            self.refs[block] = 1
+            if self.prefix_cache is not None:
+                self.prefix_cache.evict(block)  # its slots now take other tokens
+
+    def _release(self, seq: Seq, num_kept: int) -> None:
+        """Give back the blocks of ``seq`` past ``num_kept`` slots: a block goes back to the free list when no
+        table holds it any more, a published one to the front (handed out last, so it stays cached longest)."""
+        self._where = ("Parts.release_slots", seq)
+        released: list[int] = []
+        self.parts.release_slots(released, seq.block_table, num_kept, self.block_size)
+        seq.cached_blocks = min(seq.cached_blocks, len(seq.block_table))
+        for block in released:
+            self.refs[block] -= 1
+            if not self.refs[block]:
+                del self.refs[block]
+                if self.prefix_cache is not None and block in self.prefix_cache:
+                    self.free_blocks.insert(0, block)
+                else:
+                    self.free_blocks.append(block)
+
+    def _match_prefixes(self) -> None:
+        """Waiting requests without blocks start from the longest published prefix of their tokens."""
+        if self.prefix_cache is None:
+            return
+        for seq in self.waiting:
+            if seq.block_table:
+                continue
+            for block in self.prefix_cache.match(seq.tokens, self.block_size):
+                if block not in self.refs:
+                    self.free_blocks.remove(block)
+                self.refs[block] = self.refs.get(block, 0) + 1
+                seq.block_table.append(block)
+            seq.cached_blocks = len(seq.block_table)
+            seq.num_computed = seq.cached_blocks * self.block_size
+
+    def _publish(self, seq: Seq) -> None:
+        if self.prefix_cache is not None:
+            seq.cached_blocks = self.prefix_cache.publish(seq.tokens, seq.block_table, seq.num_computed,
+                                                          self.block_size, seq.cached_blocks)
+
+    def _slot_mapping(self, *args) -> torch.Tensor:
+        outer, self._where = self._where, ("Parts.slot_mapping", None)
+        slots = self.parts.slot_mapping(*args)
+        self._where = outer
+        return slots
+
+    # ---- a step that fails changes nothing -------------------------------------------------------
+    def _save(self) -> dict:
+        return {"lists": (list(self.waiting), list(self.running), dict(self.done), list(self.free_blocks),
+                          dict(self.refs)),
+                "steps": len(self.steps), "auto": (self.auto_evidence, self._auto_gamma, copy.deepcopy(self.gate)),
+                "overheads": {kind: deque(samples, maxlen=OVERHEAD_WINDOW) for kind, samples in self._overhead_samples.items()},
+                "draft": (self._draft_was_behind, self._draft_first_s), "last_step": self.last_step,
+                "cache": self.prefix_cache.state() if self.prefix_cache is not None else None,
+                "seqs": {seq: seq.snapshot() for seq in self.waiting + self.running}}
+
+    def _restore(self, saved: dict) -> None:
+        self.waiting, self.running, self.done, self.free_blocks, self.refs = (
+            type(x)(x) for x in saved["lists"])
+        del self.steps[saved["steps"]:]
+        self.auto_evidence, self._auto_gamma, gate = saved["auto"]
+        self.gate = copy.deepcopy(gate)
+        self._overhead_samples = {kind: deque(samples, maxlen=OVERHEAD_WINDOW) for kind, samples in saved["overheads"].items()}
+        (self._draft_was_behind, self._draft_first_s), self.last_step = saved["draft"], saved["last_step"]
+        if self.prefix_cache is not None:
+            self.prefix_cache.restore(saved["cache"])
+        for seq, snapshot in saved["seqs"].items():
+            seq.restore(snapshot)
 
     # ---- costs ------------------------------------------------------------------------------
     def measure_costs(self, rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), per_row: Sequence[int] = (1, 2, 3, 5, 9),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -16,6 +16,7 @@ class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+    ABORTED = "aborted"  # the client went away: its blocks were freed, nothing more is emitted
 
 
 @dataclass(eq=False)
@@ -25,6 +26,8 @@ class Seq:
     ``num_computed``: tokens whose K and V the target's cache holds (for a decoding row,
     every committed token but the last); ``draft_computed``: the same for the draft.
     ``lookahead``: drafts this row wants in the next step (0: plain decoding).
+    ``cached_blocks``: leading blocks of the table already shared through the prefix cache (taken from it
+    on a hit, or published by this row).
     Times are ``time.perf_counter()`` readings.
     """
 
@@ -38,6 +41,7 @@ class Seq:
     draft_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     lookahead: int = 0
+    cached_blocks: int = 0
     status: SeqStatus = SeqStatus.WAITING
     generator: torch.Generator | None = field(default=None, repr=False)
     # measurements
@@ -51,6 +55,19 @@ class Seq:
 
     def __repr__(self) -> str:  # short, for schedules and error messages: Seq#3
         return f"Seq#{self.seq_id}"
+
+    def snapshot(self) -> tuple[dict, torch.Tensor | None]:
+        """Everything a step can change, to put back with :meth:`restore` if the step fails."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "generator"}
+        values["output"], values["block_table"] = list(self.output), list(self.block_table)
+        return values, self.generator.get_state() if self.generator is not None else None
+
+    def restore(self, snapshot: tuple[dict, torch.Tensor | None]) -> None:
+        values, generator_state = snapshot
+        for name, value in values.items():
+            setattr(self, name, list(value) if isinstance(value, list) else value)
+        if generator_state is not None:
+            self.generator.set_state(generator_state)
 
     @property
     def num_tokens(self) -> int:
