@@ -195,7 +195,7 @@ def test_crossover_experiment_times_a_full_batch_decoding_and_predicts_from_the_
 def test_shipped_serving_measurement_backs_notebook_11s_reading():
     """Notebook 11 reads data/bench/nb11_serve.json: the crossover experiment at its top level (speculation stops
     paying from a batch of 32, the cost model with the time outside the forwards says 32, with the forward costs
-    alone 128), and the closed-loop stream under "closed_loop" (no crossover up to 256 requests)."""
+    alone 128), and the closed-loop stream under "closed_loop" (speculation loses at 128 requests only)."""
     from specdec.paths import DATA_DIR
 
     shipped = json.loads((DATA_DIR / "bench" / "nb11_serve.json").read_text())
@@ -212,10 +212,12 @@ def test_shipped_serving_measurement_backs_notebook_11s_reading():
     off = {r["concurrency"]: r["tokens_per_s"] for r in shipped["rows"] if r["mode"] == "off"}
     speculating = {r["concurrency"]: r["tokens_per_s"] for r in shipped["rows"] if r["mode"] == "on"}
     within = [b for b in levels if auto[b]["tokens_per_s"] >= 0.95 * max(off[b], speculating[b])]
-    assert within == [1, 2, 4, 8, 16, 32] and auto[128]["mean_gamma"] < 0.5  # notebook 11 names 64 and 128 as misses
+    assert within == [1, 2, 4, 8, 16, 32]  # notebook 11 names 64 and 128 as (5.1% and 6.2%) misses
+    assert all(auto[b]["tokens_per_s"] >= 0.93 * off[b] for b in (64, 128))
+    assert all(auto[b]["mean_gamma"] < 0.2 for b in (32, 64, 128)) and all(auto[b]["mean_gamma"] > 1.5 for b in (2, 4, 8))
     assert all(r["alpha"] > r["draft_acceptance_rate"] for r in shipped["rows"] if r["mode"] == "on")
     closed = shipped["closed_loop"]
     closed_on = ratios(closed)
-    assert closed_on[1] > 1.2 and closed_on[32] < closed_on[4] < closed_on[1] and closed_on[64] < 1.0
-    assert closed["crossover"]["on"] == 64
+    assert closed_on[1] > 1.3 and all(closed_on[b] > 1.0 for b in (2, 4, 8, 16, 32, 64, 256))
+    assert closed["crossover"]["on"] == 128 and closed_on[128] < 0.9 and closed_on[256] > 1.1
     assert not any("busy" in w for report in (shipped, closed) for w in report["machine"]["warnings"])

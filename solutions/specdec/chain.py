@@ -79,9 +79,11 @@ def verify_drafts(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, para
     """One round's committed tokens at the request's settings: greedy_verify (notebook 02) at temperature 0,
     verify_chain otherwise. ``drafts``: the gamma proposals; ``q``: (gamma, V), what each was drawn from;
     ``logits``: (gamma + 1, V), the target's at the last committed token and at each draft."""
+    if not drafts:  # nothing proposed (a proposer with no match): the round is one plain decoding step
+        return [int(torch.multinomial(params.probs(logits[0]), 1, generator=generator))]
     if params.temperature == 0:
-        return greedy_verify(torch.tensor(drafts), logits).tolist()
-    return verify_chain(params.probs(logits), q, torch.tensor(drafts), generator).tolist()
+        return greedy_verify(torch.tensor(drafts, dtype=torch.long), logits).tolist()
+    return verify_chain(params.probs(logits), q, torch.tensor(drafts, dtype=torch.long), generator).tolist()
 
 
 def expected_committed_length(accept_probs: Sequence[float]) -> float:

@@ -39,7 +39,7 @@ from specdec.serving.adaptive import BatchCosts, GoodputGate, StepCosts, choose_
 from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
-from specdec.serving.prefix_cache import PrefixCache
+from specdec.serving.prefix_cache import PrefixCache, match_prefix, prefix_key, publish_blocks
 from specdec.serving.scheduler import schedule_step
 from specdec.serving.sequence import Seq, SeqStatus
 from specdec.validate import check_positive_int
@@ -60,6 +60,8 @@ class Parts:
     commit_round: Callable[[list[Seq], list[list[int]], list[int]], list[list[int]]] = commit_round
     schedule_step: Callable[[list[Seq], list[Seq], int, int, int], tuple[dict[Seq, int], list[Seq]]] = schedule_step
     choose_gamma: Callable[..., int] = choose_gamma
+    match_prefix: Callable[[PrefixCache, list[int], int], list[int]] = match_prefix
+    publish_blocks: Callable[[PrefixCache, list[int], list[int], int, int, int], int] = publish_blocks
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -456,7 +458,19 @@ class ServingEngine:
         for seq in self.waiting:
             if seq.block_table:
                 continue
-            for block in self.prefix_cache.match(seq.tokens, self.block_size):
+            self._where = ("Parts.match_prefix", seq)
+            hit = self.parts.match_prefix(self.prefix_cache, list(seq.tokens), self.block_size)
+            if not isinstance(hit, list) or len(set(hit)) != len(hit) or any(b not in self.prefix_cache for b in hit):
+                raise ValueError(f"it returned {hit!r}: not a list of distinct published blocks")
+            if len(hit) * self.block_size > len(seq.tokens) - 1:
+                raise ValueError(f"it matched {len(hit)} blocks for {len(seq.tokens)} tokens, leaving no token to "
+                                 "compute (the last prompt token's logits give the first new token)")
+            wanted = [self.prefix_cache.block_of.get(prefix_key(seq.tokens, i, self.block_size)) for i in range(len(hit))]
+            if hit != wanted:
+                raise ValueError(f"it returned blocks {hit} for a prefix published in blocks {wanted}")
+            self.prefix_cache.queried_tokens += len(seq.tokens)
+            self.prefix_cache.hit_tokens += len(hit) * self.block_size
+            for block in hit:
                 if block not in self.refs:
                     self.free_blocks.remove(block)
                 self.refs[block] = self.refs.get(block, 0) + 1
@@ -466,8 +480,13 @@ class ServingEngine:
 
     def _publish(self, seq: Seq) -> None:
         if self.prefix_cache is not None:
-            seq.cached_blocks = self.prefix_cache.publish(seq.tokens, seq.block_table, seq.num_computed,
-                                                          self.block_size, seq.cached_blocks)
+            self._where = ("Parts.publish_blocks", seq)
+            start = seq.cached_blocks
+            done = self.parts.publish_blocks(self.prefix_cache, list(seq.tokens), list(seq.block_table),
+                                             seq.num_computed, self.block_size, start)
+            if not isinstance(done, int) or not start <= done <= len(seq.block_table):
+                raise ValueError(f"it returned {done!r}, not a block count from {start} to {len(seq.block_table)}")
+            seq.cached_blocks = done
 
     def _slot_mapping(self, *args) -> torch.Tensor:
         outer, self._where = self._where, ("Parts.slot_mapping", None)
