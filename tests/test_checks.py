@@ -18,13 +18,15 @@ from specdec.checks import (
     ledger as ledger_checks,
     lookup as lookup_checks,
     pitfalls as pitfall_checks,
+    production as production_checks,
     rejection as rejection_checks,
     serving as serving_checks,
     tree as tree_checks,
 )
 from specdec.drafters import dynamic_tree, eagle, medusa, memory
 from specdec.mistakes import catalogue, for_exercise
-from specdec.serving import adaptive, blocks, commit, scheduler
+from specdec.production import grammar, knobs, suffix
+from specdec.serving import adaptive, blocks, commit, prefix_cache, scheduler
 
 # exercise (function name) -> (reference, how to run its check on one implementation)
 RUN_CHECK = {
@@ -96,6 +98,13 @@ RUN_CHECK = {
     "eagle_draft_step": (eagle.eagle_draft_step, drafter_checks.check_eagle_draft_step),
     "expand_dynamic_tree": (dynamic_tree.expand_dynamic_tree, drafter_checks.check_expand_dynamic_tree),
     "drafter_cost": (memory.drafter_cost, drafter_checks.check_drafter_cost),
+    "match_prefix": (prefix_cache.match_prefix, production_checks.check_match_prefix),
+    "publish_blocks": (prefix_cache.publish_blocks, production_checks.check_publish_blocks),
+    "speculative_masks": (grammar.speculative_masks, production_checks.check_speculative_masks),
+    "constrained_round": (grammar.constrained_round, production_checks.check_constrained_round),
+    "propose_from_tree": (suffix.propose_from_tree, production_checks.check_propose_from_tree),
+    "k_schedule": (knobs.k_schedule, production_checks.check_k_schedule),
+    "lookup_k": (knobs.lookup_k, production_checks.check_lookup_k),
 }
 # Exercises whose check is exact (not Monte Carlo): a matching mistake must be named by its own hint.
 EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched", "speculative_round"} - {
@@ -103,7 +112,9 @@ EXACT = set(RUN_CHECK) - {"verify_token", "verify_chain", "verify_chain_batched"
     "target_only_generate", "propose", "rollback", "speculative_generate", "propose_ngram", "find_match_vectorised",
     "lookup_generate", "verify_tree_sampling", "compact_cache", "generate_until_stop",
     # notebook 10: sampling checks (seeded Monte Carlo), host syncs and recorded forwards
-    "draft_propose", "accepted_counts", "correction_token", "bonus_token", "verify_logits"}
+    "draft_propose", "accepted_counts", "correction_token", "bonus_token", "verify_logits",
+    # notebook 13: a sampling check (seeded Monte Carlo) after the greedy cases
+    "constrained_round"}
 MISTAKES = catalogue()
 ID = lambda m: f"{m.exercise}-{m.name}"  # noqa: E731
 

@@ -26,6 +26,7 @@ from specdec.mistakes import (
     ledger,
     lookup,
     pitfalls,
+    production,
     rejection,
     serving,
     tree,
@@ -44,6 +45,7 @@ CATALOGUES = {
     "10_pitfalls_interview": pitfalls.MISTAKES,
     "11_serving": serving.MISTAKES,
     "12_self_drafting": drafters.MISTAKES,
+    "13_production": production.MISTAKES,
 }
 
 

@@ -338,12 +338,13 @@ def constrained_generate(target: Llama, draft: Llama, prompt: list[int], n_token
 
     ``draft_follows_grammar``: the draft samples from its own logits masked by a copy of the matcher (no
     draft is ever forbidden), or ignores the grammar (drafts are cut at the first forbidden one).
-    ``stats``, if given, gets the rounds, drafts proposed and accepted, and drafts cut by the grammar."""
+    ``stats``, if given, gets the rounds, drafts proposed and accepted, rounds ended by a rejection (a forbidden
+    draft included), and drafts cut by the grammar."""
     check_request(target, draft, prompt, n_tokens, gamma)
     target_cache, draft_cache, tokens, matcher = KVCache(target.config), KVCache(draft.config), list(prompt), \
         Matcher(grammar)
-    counts = {"rounds": 0, "proposed": 0, "accepted": 0, "cut": 0} if stats is None else stats
-    counts.update({k: counts.get(k, 0) for k in ("rounds", "proposed", "accepted", "cut")})
+    counts = {} if stats is None else stats
+    counts.update({k: counts.get(k, 0) for k in ("rounds", "proposed", "accepted", "rejections", "cut")})
     if len(prompt) > 1:
         target(torch.tensor([prompt[:-1]]), target_cache)
         draft(torch.tensor([prompt[:-1]]), draft_cache)
@@ -369,8 +370,9 @@ def constrained_generate(target: Llama, draft: Llama, prompt: list[int], n_token
         committed = constrained_round(matcher, drafts, torch.stack(q_rows), logits, params, generator)
         counts["rounds"] += 1
         counts["proposed"] += gamma
-        counts["accepted"] += next((i for i, (c, d) in enumerate(zip(committed, drafts)) if c != d),
-                                   min(len(committed), gamma))
+        accepted = next((i for i, (c, d) in enumerate(zip(committed, drafts)) if c != d), min(len(committed), gamma))
+        counts["accepted"] += accepted
+        counts["rejections"] += accepted < gamma and len(committed) > accepted  # a correction token ended it
         counts["cut"] += gamma - allowed
         tokens += committed
         pending = rollback(target_cache, draft_cache, P, drafts, committed)

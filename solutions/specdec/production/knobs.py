@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 
-def _check_profile(itl: Mapping[int, Mapping[int, float]], rates: Sequence[float]) -> None:
+def check_profile(itl: Mapping[int, Mapping[int, float]], rates: Sequence[float]) -> None:
     if not itl:
         raise ValueError("itl is empty: profile at least one batch size")
     for b, row in itl.items():
@@ -48,7 +48,7 @@ def k_schedule(itl: Mapping[int, Mapping[int, float]], rates: Sequence[float]) -
 
     itl[B][K]: seconds per step with B rows drafting K tokens each (K = 0 required); rates[i]: the fraction of
     rounds whose draft i + 1 was accepted."""
-    _check_profile(itl, rates)
+    check_profile(itl, rates)
     ### BEGIN SOLUTION
     schedule = {}
     for b, row in itl.items():

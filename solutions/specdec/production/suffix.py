@@ -69,17 +69,30 @@ class SuffixTree:
     def propose(self, tokens: Sequence[int], max_drafts: int, factor: float = 1.0, min_prob: float = 0.1,
                 ) -> tuple[list[int], float]:
         """Drafts that followed the longest matched suffix most often, and their estimated probability."""
-        length, node = self.longest_match(tokens)
-        drafts, prob = [], 1.0
-        limit = min(max_drafts, int(factor * length), self.depth - 1 - length)
-        while node is not None and node.children and len(drafts) < limit:
-            token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
-            if prob * child.count / node.count < min_prob:
-                break
-            prob *= child.count / node.count
-            drafts.append(token)
-            node = child
-        return drafts, prob if drafts else 0.0
+        return propose_from_tree(self, tokens, max_drafts, factor, min_prob)
+
+
+def propose_from_tree(tree: SuffixTree, tokens: Sequence[int], max_drafts: int, factor: float = 1.0,
+                      min_prob: float = 0.1) -> tuple[list[int], float]:
+    """Suffix decoding's proposal: (drafts, their estimated probability; 0.0 with no drafts).
+
+    Match the longest suffix of ``tokens`` the tree holds (``tree.longest_match``), then walk down from its
+    node, each step to the child with the highest count (ties to the lower token id), multiplying the
+    estimate by child count / parent count, and stop before the estimate would fall below ``min_prob``,
+    at a leaf, or at ``min(max_drafts, int(factor * match length))`` drafts."""
+    ### BEGIN SOLUTION
+    length, node = tree.longest_match(tokens)
+    drafts, prob = [], 1.0
+    limit = min(max_drafts, int(factor * length))
+    while node is not None and node.children and len(drafts) < limit:
+        token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+        if prob * child.count / node.count < min_prob:
+            break
+        prob *= child.count / node.count
+        drafts.append(token)
+        node = child
+    return drafts, prob if drafts else 0.0
+    ### END SOLUTION
 
 
 class SuffixProposer:

@@ -130,7 +130,7 @@ class ServingEngine:
         self._draft_first_s = 0.0  # the last drafting's first forward (which feeds each row's pending tokens)
         self._next_id = 0
         self._where: tuple[str, Seq | None] = ("the engine", None)  # what the step is doing, for its error
-        self._in_step = False
+        self._in_step, self._overwritten = False, []
         self._aborting: list[int] = []  # aborts asked for during a step, carried out when it ends
 
     # ---- requests -------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class ServingEngine:
         raises (a part, a model), the engine is put back exactly as it was before the step, and a
         :class:`StepError` names the part and the request(s)."""
         saved = self._save()
-        self._in_step, self._aborting = True, []
+        self._in_step, self._aborting, self._overwritten = True, [], []
         try:
             emitted = self._step()
         except Exception as error:
@@ -432,8 +432,9 @@ class ServingEngine:
             if self.refs.get(block, 0):
                 raise ValueError(f"it handed out block {block}, which another request holds")
             self.refs[block] = 1
-            if self.prefix_cache is not None:
+            if self.prefix_cache is not None and block in self.prefix_cache:
                 self.prefix_cache.evict(block)  # its slots now take other tokens
+                self._overwritten.append(block)
 
     def _release(self, seq: Seq, num_kept: int) -> None:
         """Give back the blocks of ``seq`` past ``num_kept`` slots: a block goes back to the free list when no
@@ -505,6 +506,9 @@ class ServingEngine:
                 "seqs": {seq: seq.snapshot() for seq in self.waiting + self.running}}
 
     def _restore(self, saved: dict) -> None:
+        """Put back everything the failed step changed. The KV pools are not copied: a row writes only past its
+        verified tokens, into its own blocks, except that a cached free block handed out during the step may
+        have been overwritten, so it stays free but leaves the prefix cache."""
         self.waiting, self.running, self.done, self.free_blocks, self.refs = (
             type(x)(x) for x in saved["lists"])
         del self.steps[saved["steps"]:]
@@ -514,6 +518,8 @@ class ServingEngine:
         (self._draft_was_behind, self._draft_first_s), self.last_step = saved["draft"], saved["last_step"]
         if self.prefix_cache is not None:
             self.prefix_cache.restore(saved["cache"])
+            for block in self._overwritten:
+                self.prefix_cache.evict(block)
         for seq, snapshot in saved["seqs"].items():
             seq.restore(snapshot)
 
