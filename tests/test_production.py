@@ -433,56 +433,18 @@ def test_speculative_masks_give_one_mask_per_position_and_leave_the_matcher_alon
     assert [set(row.nonzero().flatten().tolist()) for row in masks] == [set(b"a"), set(b"bc"), set(b"d")]
 
 
-def _toy(seed: int, scale: float):
-    """Logits of a toy model over 6 tokens that depend on the last token and the position: (prefix) -> (V,)."""
-    g = torch.Generator().manual_seed(seed)
-    by_last, by_position = scale * torch.randn(6, 6, generator=g), scale * torch.randn(3, 6, generator=g)
-    return lambda prefix: by_last[prefix[-1]] + by_position[len(prefix) % 3]
+def _constrained_samples(round_fn, follows: bool, n: int = 4000) -> tuple[list, dict]:
+    """n outputs of a speculative loop around ``round_fn`` on notebook 13's toy models, and the exact distribution."""
+    from specdec.checks.production import TOY_PATTERN, constrained_joint, speculate, toy_model
+    from specdec.params import SamplingParams
+    from specdec.production.grammar import Grammar
 
-
-TOY_GRAMMAR = "([\x00-\x02][\x03-\x05]|\x05\x00)+"  # tokens 0-5; some paths end, many drafts are forbidden
-
-
-def _constrained_joint(target, prompt, grammar, params, n_tokens):
-    """The exact distribution of constrained target-only sampling's first n_tokens, by enumeration."""
-    from specdec.production.grammar import Matcher, masked_logits
-
-    joint: dict[tuple[int, ...], float] = {}
-
-    def walk(prefix: list[int], matcher: Matcher, mass: float) -> None:
-        if len(prefix) == n_tokens or matcher.finished():
-            joint[tuple(prefix)] = joint.get(tuple(prefix), 0.0) + mass
-            return
-        p = params.probs(masked_logits(target(prompt + prefix)[None], matcher.allowed()[None]))[0]
-        for token in p.nonzero().flatten().tolist():
-            matcher.accept([token])
-            walk(prefix + [token], matcher, mass * float(p[token]))
-            matcher.rollback(1)
-
-    walk([], Matcher(grammar), 1.0)
-    return joint
-
-
-def _speculate(round_fn, target, draft, prompt, n_tokens, grammar, gamma, params, generator, follows):
-    """A speculative loop around ``round_fn`` (constrained_round or a wrong one), on toy models."""
-    from specdec.production.grammar import Matcher, masked_logits
-    from specdec.sampling import sample
-
-    tokens, matcher = list(prompt), Matcher(grammar)
-    while len(tokens) - len(prompt) < n_tokens and not matcher.finished():
-        drafts, q_rows, shadow = [], [], Matcher(grammar)
-        shadow.states = list(matcher.states)
-        for _ in range(gamma):
-            logits = draft(tokens + drafts)[None]
-            if follows:
-                logits = torch.zeros_like(logits) if shadow.finished() else masked_logits(logits, shadow.allowed()[None])
-            q = params.probs(logits)[0]
-            drafts.append(int(sample(q, generator)))
-            q_rows.append(q)
-            shadow.accept(drafts[-1:])
-        logits = torch.stack([target(tokens + drafts[:i]) for i in range(gamma + 1)])
-        tokens += round_fn(matcher, drafts, torch.stack(q_rows), logits, params, generator)
-    return tuple(tokens[len(prompt):][:n_tokens])
+    target, draft, params = toy_model(0, 6, 1.5), toy_model(1, 6, 1.5), SamplingParams(temperature=1.0)
+    grammar = Grammar(TOY_PATTERN, vocab_size=6)
+    generator = torch.Generator().manual_seed(0)
+    samples = [speculate(round_fn, target, draft, [1, 2], 3, grammar, 2, params, generator, follows)
+               for _ in range(n)]
+    return samples, constrained_joint(target, [1, 2], grammar, params, 3)
 
 
 @pytest.mark.parametrize("follows", [False, True])
@@ -491,15 +453,9 @@ def test_constrained_speculation_is_exact_by_enumeration(follows):
     the output is distributed as constrained target-only sampling's (seeded Monte Carlo, the tolerance of
     specdec.checks.stats), whether the draft ignores the grammar (cuts) or follows it."""
     from specdec.checks.stats import compare_frequencies
-    from specdec.params import SamplingParams
-    from specdec.production.grammar import Grammar, constrained_round
+    from specdec.production.grammar import constrained_round
 
-    target, draft, params = _toy(0, 1.5), _toy(1, 1.5), SamplingParams(temperature=1.0)
-    grammar = Grammar(TOY_GRAMMAR, vocab_size=6)
-    joint = _constrained_joint(target, [1, 2], grammar, params, 3)
-    generator = torch.Generator().manual_seed(0)
-    samples = [_speculate(constrained_round, target, draft, [1, 2], 3, grammar, 2, params, generator, follows)
-               for _ in range(4000)]
+    samples, joint = _constrained_samples(constrained_round, follows)
     compare_frequencies(samples, joint, "constrained speculation")
 
 
@@ -507,19 +463,13 @@ def test_dropping_the_forbidden_draft_instead_of_rejecting_it_is_caught():
     """The mistake the exactness test must see: cut before the forbidden draft and sample from p' there."""
     from specdec.checks.core import CheckFailure
     from specdec.checks.stats import compare_frequencies
-    from specdec.params import SamplingParams
-    from specdec.production.grammar import Grammar, constrained_round
+    from specdec.production.grammar import constrained_round
 
     def drop_forbidden(matcher, drafts, q, logits, params, generator):
         n = matcher.validate(drafts)
         return constrained_round(matcher, drafts[:n], q[:n], logits[: n + 1], params, generator)
 
-    target, draft, params = _toy(0, 1.5), _toy(1, 1.5), SamplingParams(temperature=1.0)
-    grammar = Grammar(TOY_GRAMMAR, vocab_size=6)
-    joint = _constrained_joint(target, [1, 2], grammar, params, 3)
-    generator = torch.Generator().manual_seed(0)
-    samples = [_speculate(drop_forbidden, target, draft, [1, 2], 3, grammar, 2, params, generator, False)
-               for _ in range(4000)]
+    samples, joint = _constrained_samples(drop_forbidden, False)
     with pytest.raises(CheckFailure):
         compare_frequencies(samples, joint, "constrained speculation")
 

@@ -262,7 +262,7 @@ def _accepted(matcher: Matcher) -> list[int]:
     return out
 
 
-def _toy_model(seed: int, vocab: int, scale: float) -> Callable[[list[int]], torch.Tensor]:
+def toy_model(seed: int, vocab: int, scale: float) -> Callable[[list[int]], torch.Tensor]:
     """Logits over ``vocab`` tokens that depend on the last token and the position."""
     g = torch.Generator().manual_seed(seed)
     by_last, by_position = scale * torch.randn(vocab, vocab, generator=g), scale * torch.randn(3, vocab, generator=g)
@@ -347,7 +347,7 @@ def check_constrained_round(fn: Callable) -> None:
 def _constrained_sampling_is_exact(fn: Callable) -> None:
     """At temperature 1, with a draft that ignores the grammar: the output follows constrained target-only
     sampling, enumerated (seeded Monte Carlo, 3,000 samples, the tolerance of specdec.checks.stats)."""
-    target, draft, params = _toy_model(0, 6, 1.5), _toy_model(1, 6, 1.5), SamplingParams(temperature=1.0)
+    target, draft, params = toy_model(0, 6, 1.5), toy_model(1, 6, 1.5), SamplingParams(temperature=1.0)
     grammar = Grammar(TOY_PATTERN, vocab_size=6)
     joint = constrained_joint(target, [1, 2], grammar, params, 3)
 
