@@ -33,7 +33,7 @@ from specdec.models.checkpoints import load_pair
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams
 from specdec.production.determinism import split_k
-from specdec.production.grammar import Grammar, constrained_generate, constrained_target_only
+from specdec.production.grammar import Grammar, Matcher, constrained_generate, constrained_target_only
 from specdec.production.suffix import SuffixProposer, proposer_generate
 from specdec.production.workload import agent_sessions
 from specdec.serving.engine import ServingEngine
@@ -166,7 +166,7 @@ def grammar_runs(target: Llama, draft: Llama, n_prompts: int, new_tokens: int, p
                    "alpha": alpha_from_counts(stats["accepted"], stats["rejections"]),
                    "tau": 1 + stats["accepted"] / max(stats["rounds"], 1)}
             if mode != "unconstrained":
-                row["matches_grammar"] = all(_inside(grammar, out) for out in outs)
+                row["matches_grammar"] = all(Matcher(grammar).validate(out) == len(out) for out in outs)
                 if params.temperature == 0:
                     row["identical_to_constrained_target_only"] = outs == [
                         constrained_target_only(target, p, new_tokens, grammar) for p in prompts]
@@ -176,15 +176,6 @@ def grammar_runs(target: Llama, draft: Llama, n_prompts: int, new_tokens: int, p
     example = constrained_target_only(target, prompts[0], new_tokens, grammar)
     return {"grammar": CALL_GRAMMAR, "rows": rows, "example": tokenizer.decode(example), "prompts": n_prompts,
             "new_tokens": new_tokens}
-
-
-def _inside(grammar: Grammar, tokens: list[int]) -> bool:
-    state = 0
-    for t in tokens:
-        state = grammar.step(state, t)
-        if state < 0:
-            return False
-    return True
 
 
 def _serve(target: Llama, draft: Llama, prompts: list[list[int]], new_tokens: int, gamma: int) -> list[list[int]]:

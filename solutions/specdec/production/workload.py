@@ -29,7 +29,7 @@ class Turn:
 def agent_sessions(n_sessions: int = 8, file_bytes: int = 96, seed: int = 0) -> list[list[Turn]]:
     """``n_sessions`` two-turn sessions; sessions 2k and 2k + 1 work on the same file."""
     rng = random.Random(seed)
-    files = [corpus.code_prompts(n_sessions // 2 + 1, length=file_bytes)[i] for i in range(n_sessions // 2 + 1)]
+    files = corpus.code_prompts(n_sessions // 2 + 1, length=file_bytes)
     sessions = []
     for s in range(n_sessions):
         text = files[s // 2]
