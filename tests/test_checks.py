@@ -218,3 +218,41 @@ def kernel_skeleton(kernel):
 def test_kernel_check_refuses_a_plain_function():
     with pytest.raises(CheckFailure, match="must be a Triton kernel"):
         kernel_checks.check_race_kernel(lambda *args: None)
+
+
+def test_the_sampling_checks_memoized_models_give_the_plain_models_outputs():
+    """The sampling checks run their thousands of loops on memoized models (specdec.checks.memo): every run gives
+    the same tokens as on the plain models, for the reference and for mistakes that leave stale or extra cache
+    entries, and a forward that differs in anything it reads (here the cached V values) is computed, not replayed."""
+    import torch
+
+    from specdec.checks.engine import SAMPLING_PARAMS, sampling_pair, tiny_pair
+    from specdec.models.model import KVCache
+
+    plain, memo = tiny_pair(vocab=6, noise=0.5, seed=3), sampling_pair()
+    stale = {m.name: m.fn for m in for_exercise("speculative_generate")}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the checks run
+    try:
+        for fn in (engine.speculative_generate, stale["no_rollback"], stale["no_draft_catch_up"]):
+            runs = []
+            for models in (plain, memo, memo):  # the second pass on the memoized pair replays from memory
+                g = torch.Generator().manual_seed(0)
+                runs.append([fn(*models, [1, 2], 3, 2, SAMPLING_PARAMS[1], g) for _ in range(25)])
+            assert runs[0] == runs[1] == runs[2], fn
+    finally:
+        torch.set_num_threads(threads)
+    target = memo[0]
+    with torch.inference_mode():
+        caches = [KVCache(target.config) for _ in range(3)]
+        for cache in caches:
+            target(torch.tensor([[1, 2, 3]]), cache)
+        caches[2].v[:, :, :, :3] += 1.0  # the same length and tokens, other values: the next forward is no replay
+        seen = len(target._memo)
+        first, again = (target(torch.tensor([[4]]), c) for c in caches[:2])
+        assert len(target._memo) == seen + 1 and torch.equal(first, again)
+        assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+        changed = target(torch.tensor([[4]]), caches[2])
+        assert len(target._memo) == seen + 2 and not torch.equal(changed, first)
+        assert torch.equal(first, plain[0](torch.tensor([[1, 2, 3, 4]]))[:, -1:]) or torch.allclose(
+            first, plain[0](torch.tensor([[1, 2, 3, 4]]))[:, -1:], atol=1e-5)

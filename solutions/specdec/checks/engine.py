@@ -17,6 +17,7 @@ import torch
 
 from specdec import engine
 from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, single_threaded, upstream_note
+from specdec.checks.memo import memoized
 from specdec.checks.stats import compare_frequencies
 from specdec.greedy import greedy_verify
 from specdec.mistakes import for_exercise
@@ -44,6 +45,15 @@ def tiny_pair(vocab: int = 32, noise: float = 0.3, seed: int = 0) -> tuple[Llama
         for w in draft.parameters():
             w.add_(noise * w.std() * torch.randn_like(w))
     return target.eval(), draft.eval()
+
+
+@cache
+def sampling_pair() -> tuple[Llama, Llama]:
+    """``tiny_pair(vocab=6, noise=0.5, seed=3)``, what the sampling checks run a loop on a thousand times and more,
+    with a memory of forwards (:mod:`specdec.checks.memo`): the same outputs bit for bit, so the same verdicts, with
+    each distinct forward computed once instead of at every run."""
+    target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
+    return memoized(target), memoized(draft)
 
 
 @cache
@@ -205,7 +215,7 @@ def check_propose(fn: Callable) -> None:
         if params.temperature == 0 and drafts != want.argmax(-1).tolist():
             raise CheckFailure(f"{label}: greedy drafts should be the argmax of q each time: expected "
                                f"{want.argmax(-1).tolist()}, got {drafts}.")
-    _check_propose_samples(fn, tiny_pair(vocab=6, noise=0.5, seed=3)[1])
+    _check_propose_samples(fn, sampling_pair()[1])
 
     def fresh(seed: int) -> tuple:
         cache = KVCache(draft.config)
@@ -226,7 +236,8 @@ def _check_propose_samples(fn: Callable, draft: Llama, n: int = 1500) -> None:
     samples = []
     for _ in range(n):
         cache = KVCache(draft.config)
-        draft(torch.tensor([context[:-1]]), cache)
+        with torch.no_grad():  # the check's own prefill (the same K and V; no autograd graph, so it is memoized)
+            draft(torch.tensor([context[:-1]]), cache)
         drafts, _ = call(fn, label, draft, cache, context[-1:], gamma, params, g)
         samples.append(tuple(drafts))
     compare_frequencies(samples, exact, label + ": the pair of drafts",
@@ -366,7 +377,8 @@ def _check_sampling(fn: Callable, name: str, n: int = 1500, through: Callable | 
     params, prompt = SAMPLING_PARAMS[1], [1, 2]
     exact = target_joint(target, prompt, params)
     g = torch.Generator().manual_seed(0)
-    models = (target,) if name == "target_only_generate" else (target, draft)
+    models = (target, draft) if through is not None else sampling_pair()  # the same outputs, fewer forwards
+    models = models[:1] if name == "target_only_generate" else models
     models = tuple(map(through, models)) if through is not None else models
     gamma = () if name == "target_only_generate" else (2,)
     label = f"{name}(small random models, prompt={prompt}, n_tokens=3{', gamma=2' if gamma else ''}, params={params})"
@@ -555,14 +567,14 @@ def _check_stops_greedy(fn: Callable) -> None:
 
 
 def _check_stops_sampling(fn: Callable, n: int = 1500) -> None:
-    target, draft = tiny_pair(vocab=6, noise=0.5, seed=3)
     params, prompt = SAMPLING_PARAMS[1], [1, 2]
     stop = StopCriteria(3, stop_token_ids=(0,))
     exact: dict[tuple[int, ...], float] = {}
-    for seq, prob in target_joint(target, prompt, params).items():
+    for seq, prob in target_joint(tiny_pair(vocab=6, noise=0.5, seed=3)[0], prompt, params).items():
         cut = next((i + 1 for i, t in enumerate(seq) if t == 0), 3)
         exact[seq[:cut]] = exact.get(seq[:cut], 0.0) + prob
     g = torch.Generator().manual_seed(0)
+    target, draft = sampling_pair()  # the same outputs, fewer forwards
     label = f"generate_until_stop(small random models, prompt={prompt}, {stop}, gamma=2, params={params})"
     runs = []
     for _ in range(n):

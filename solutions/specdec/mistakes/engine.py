@@ -24,6 +24,7 @@ def _rollback(target_cache, draft_cache, P, drafts, committed, *, target_len=Non
     return [drafts[-1], committed[-1]]
 
 
+@torch.inference_mode()  # as in the notebook, where the decorator is outside the answer
 def _propose(draft, cache, pending, gamma, params=GREEDY, generator=None, *, catch_up=True, feed_last=False,
              raw_softmax=False, one_at_a_time=False):
     if one_at_a_time and len(pending) > 1:  # feed the catch-up token alone first: one extra forward
@@ -75,6 +76,7 @@ def _generate(target, draft, prompt, n_tokens, gamma, params=GREEDY, generator=N
     return tokens[len(prompt) : len(prompt) + n_tokens]
 
 
+@torch.inference_mode()  # as in the notebook, where the decorator is outside the answer
 def _plain(target, prompt, n_tokens, params=GREEDY, generator=None, *, use_cache=True, prefill_all=False,
            raw_softmax=False):
     cache = KVCache(target.config)
@@ -154,6 +156,7 @@ def _accept(output, committed, stop: StopCriteria, *, check_after_round=False, s
     return list(committed), False
 
 
+@torch.inference_mode()  # as in the notebook, where the decorator is outside the answer
 def _until_stop(target, draft, prompt, stop, gamma, params=GREEDY, generator=None, *, roll_with_committed=False,
                 truncate_at_end=False, accept=accept_until_stop):
     """generate_until_stop with one step wrong."""
