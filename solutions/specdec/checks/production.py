@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -52,6 +52,10 @@ def _agree(got: Any, expected: Any) -> bool:
     if isinstance(expected, list):
         return isinstance(got, list) and len(got) == len(expected) and all(
             type(g) is int and g == e for g, e in zip(got, expected))
+    if isinstance(expected, dict):  # keys and values of the promised types (an int K, not 4.0)
+        return (isinstance(got, dict) and len(got) == len(expected)
+                and all(any(type(k) is type(e) and k == e for k in got) for e in expected)
+                and all(_agree(got[e], v) for e, v in expected.items()))
     return type(got) is type(expected) and got == expected
 
 
@@ -85,17 +89,19 @@ def _outcome_of(fn: Callable, outcome: Callable[[tuple, Any], tuple]) -> Callabl
 
 # ---- prefix caching --------------------------------------------------------------------------
 def _cache_state(cache: PrefixCache) -> tuple:
-    return dict(sorted(cache.block_of.items())), dict(sorted(cache.key_of.items()))
+    """What a caller can see of a cache: both sides of the map, and the hit counters (the engine counts hits)."""
+    return (dict(sorted(cache.block_of.items())), dict(sorted(cache.key_of.items())),
+            {"queried_tokens": cache.queried_tokens, "hit_tokens": cache.hit_tokens})
 
 
 def _published(rng: random.Random, vocab: int, block_size: int) -> tuple[PrefixCache, list[list[int]]]:
     """A cache holding the verified full blocks of a few requests that share beginnings."""
-    cache, docs, next_block = PrefixCache(), [], 0
+    cache, docs = PrefixCache(), []
+    free = rng.sample(range(100), 100)  # block ids in no particular order, as a free list hands them out
     stem = [rng.randrange(vocab) for _ in range(rng.randrange(block_size, 4 * block_size))]
     for _ in range(rng.randrange(1, 4)):
         doc = stem[: rng.randrange(0, len(stem) + 1)] + [rng.randrange(vocab) for _ in range(rng.randrange(1, 9))]
-        table = list(range(next_block, next_block + len(doc) // block_size + 2))
-        next_block += len(table)
+        table = [free.pop() for _ in range(len(doc) // block_size + 2)]
         publish_blocks(cache, doc, table, len(doc), block_size)
         docs.append(doc)
     if cache.key_of and rng.random() < 0.4:  # a block handed out again since: evicted, the blocks after it stay
@@ -104,7 +110,20 @@ def _published(rng: random.Random, vocab: int, block_size: int) -> tuple[PrefixC
 
 
 def check_match_prefix(fn: Callable) -> None:
-    rng, cases = random.Random(13), []
+    rng = random.Random(13)
+    # first, the case of the section's key: the same tokens after a different prefix are another block
+    shared = PrefixCache()
+    publish_blocks(shared, [1, 1, 1, 1, 3, 3, 3, 3, 5], [10, 11, 12], 8, 4)  # [1]*4 + [3]*4: blocks 10, 11
+    publish_blocks(shared, [2, 2, 2, 2, 6], [20, 21], 4, 4)  # [2]*4: block 20 (its next block never computed)
+    cases = [("a cache holding the blocks of [1, 1, 1, 1, 3, 3, 3, 3] (10, 11) and of [2, 2, 2, 2] (20), "
+              "tokens=[2, 2, 2, 2, 3, 3, 3, 3, 7] (block 1 holds the tokens of block 11, after another prefix), "
+              "block_size=4", (shared, [2, 2, 2, 2, 3, 3, 3, 3, 7], 4))]
+    holed = PrefixCache()  # block 0 is a block like any other; block 5, once [1, 2, 3, 4], was handed out again
+    publish_blocks(holed, list(range(1, 10)), [0, 5, 3, 8, 9], 9, 2)
+    holed.evict(5)
+    for tokens in (list(range(1, 10)), list(range(1, 12)), [1, 2, 3]):
+        cases.append((f"a cache holding blocks 0, 3 and 8 for the prefixes of [1, 2], [1, ..., 6] and [1, ..., 8] "
+                      f"(block 5, once [1, 2, 3, 4], was evicted), tokens={tokens}, block_size=2", (holed, tokens, 2)))
     for i in range(40):
         bs, vocab = rng.choice([2, 3, 4]), rng.choice([2, 3, 50])
         cache, docs = _published(rng, vocab, bs)
@@ -124,7 +143,8 @@ def check_match_prefix(fn: Callable) -> None:
         return (("the return value", returned), ("the cache afterwards", _cache_state(args[0])))
 
     _compare(fn, match_prefix, cases, outcome,
-             "match_prefix returns a list of block ids and changes neither the cache nor the tokens.")
+             "match_prefix returns a list of block ids, in the order of the prompt, and changes neither the cache "
+             "(its maps or its hit counters: the engine counts the hits) nor the tokens.")
 
 
 def check_publish_blocks(fn: Callable) -> None:
@@ -133,7 +153,10 @@ def check_publish_blocks(fn: Callable) -> None:
     cases = [("tokens=[1, 2, ..., 10], block_table=[7, 8, 9, 6] (lookahead included), num_computed=9, block_size=4, "
               "start=0, an empty cache", (PrefixCache(), list(range(1, 11)), [7, 8, 9, 6], 9, 4, 0)),
              ("tokens=[1, 2, ..., 12], block_table=[7, 8, 9, 6] (lookahead included), num_computed=11, block_size=4, "
-              "start=0, an empty cache", (PrefixCache(), list(range(1, 13)), [7, 8, 9, 6], 11, 4, 0))]
+              "start=0, an empty cache", (PrefixCache(), list(range(1, 13)), [7, 8, 9, 6], 11, 4, 0)),
+             ("tokens=[1, 2, ..., 8], block_table=[7, 8] (no lookahead block), num_computed=8 (every token has its K "
+              "and V), block_size=4, start=0, an empty cache", (PrefixCache(), list(range(1, 9)), [7, 8], 8, 4, 0)),
+             _holed_case()]
     for i in range(40):
         bs, vocab = rng.choice([2, 3, 4]), rng.choice([2, 3, 50])
         cache, _ = _published(rng, vocab, bs) if i % 3 else (PrefixCache(), [])
@@ -149,11 +172,33 @@ def check_publish_blocks(fn: Callable) -> None:
                       f"block_size={bs}, start={start}, a cache of {len(cache.key_of)} blocks",
                       (cache, tokens, table, computed, bs, start)))
 
-    def outcome(args, returned):
-        return (("the return value", returned), ("the cache afterwards", _cache_state(args[0])))
+    for i in range(6):  # every committed token computed, and a table with no block to spare
+        bs = rng.choice([2, 3, 4])
+        tokens = [rng.randrange(50) for _ in range(bs * rng.randrange(1, 5))]
+        table = [2_000 + 10 * i + j for j in range(len(tokens) // bs)]
+        cases.append((f"tokens={tokens}, block_table={table} (no lookahead block), num_computed={len(tokens)}, "
+                      f"block_size={bs}, start=0, an empty cache", (PrefixCache(), tokens, table, len(tokens), bs, 0)))
 
-    _compare(fn, publish_blocks, cases, outcome)
+    def outcome(args, returned):
+        return (("the return value", returned), ("the cache afterwards", _cache_state(args[0])),
+                ("the tokens and the block table afterwards", (list(args[1]), list(args[2]))))
+
+    _compare(fn, publish_blocks, cases, outcome,
+             "publish_blocks publishes with cache.add, returns the new start, and leaves tokens and block_table as "
+             "they were.")
     _publish_in_the_engine(fn)
+
+
+def _holed_case() -> tuple[str, tuple]:
+    """A row that recomputed a prefix the cache holds, except for one block evicted since: the prefixes still
+    published stay with their blocks, the evicted one and those after the held ones are the row's to publish."""
+    cache = PrefixCache()
+    publish_blocks(cache, [1, 2, 3, 4, 5, 6, 7, 8], [50, 51, 52, 53], 8, 2)
+    cache.evict(51)
+    tokens = list(range(1, 12))
+    return (f"tokens={tokens}, block_table=[60, 61, 62, 63, 64, 65], num_computed=10, block_size=2, start=0, a cache "
+            "holding blocks 50, 52 and 53 for the prefixes of [1, 2], [1, 2, 3, 4, 5, 6] and [1, ..., 8] (block 51, "
+            "once [1, 2, 3, 4], was evicted)", (cache, tokens, [60, 61, 62, 63, 64, 65], 10, 2, 0))
 
 
 def _publish_in_the_engine(fn: Callable) -> None:
@@ -246,12 +291,19 @@ def check_speculative_masks(fn: Callable) -> None:
         drafts = _random_drafts(rng, grammar, matcher, rng.randrange(1, 7))
         cases.append((f"pattern {grammar.pattern!r} after {bytes(t for t in _accepted(matcher))!r}, drafts "
                       f"{bytes(drafts)!r}", (matcher, drafts)))
+    for i in range(4):  # no drafts at all (a proposer with no match): one row, the mask at the bonus position
+        grammar = Grammar(PATTERNS[i])
+        matcher = _advanced(rng, grammar, rng.randrange(0, 4))
+        cases.append((f"pattern {grammar.pattern!r} after {bytes(_accepted(matcher))!r}, no drafts (drafts=[])",
+                      (matcher, [])))
 
     def outcome(args, returned):
-        return (("the return value", returned), ("the matcher's states afterwards", _matcher_state(args[0])))
+        return (("the return value", returned), ("the matcher's states afterwards", _matcher_state(args[0])),
+                ("the drafts afterwards", list(args[1])))
 
     _compare(fn, speculative_masks, cases, outcome,
-             "Return (n, masks) with masks a (n + 1, V) bool tensor, and leave the matcher where it started.")
+             "Return (n, masks) with masks a (n + 1, V) bool tensor, and leave the matcher where it started and "
+             "the drafts as they were.")
 
 
 def _accepted(matcher: Matcher) -> list[int]:
@@ -336,12 +388,171 @@ def check_constrained_round(fn: Callable) -> None:
         q = torch.nn.functional.one_hot(torch.tensor(drafts), 256).to(torch.float64)
         cases.append((f"greedy, pattern {grammar.pattern!r} after {bytes(_accepted(matcher))!r}, drafts "
                       f"{bytes(drafts)!r}", (matcher, drafts, q, logits)))
+    cases += _rounds_to_the_end(random.Random(26)) + _rounds_without_drafts(random.Random(27)) + \
+        _rounds_with_filters(random.Random(28))
 
     def outcome(args, returned):
-        return (("the committed tokens", returned), ("the matcher's states afterwards", _matcher_state(args[0])))
+        return (("the committed tokens", returned), ("the matcher's states afterwards", _matcher_state(args[0])),
+                ("the drafts afterwards", list(args[1])), ("q afterwards", _summary(args[2])),
+                ("the logits afterwards", _summary(args[3])))
 
-    _compare(fn, constrained_round, cases, outcome)
+    _compare(fn, constrained_round, cases, outcome,
+             "Return the committed tokens (a list of ints), advance the matcher over them, and leave drafts, q and "
+             "logits as they were given.")
+    _a_perfect_draft_is_always_accepted(fn)
+    _one_round_is_exact(fn)
     _constrained_sampling_is_exact(fn)
+
+
+def _summary(t: torch.Tensor) -> str:
+    """A tensor argument as the caller sees it afterwards: enough to show that it was written into."""
+    finite = t[torch.isfinite(t)]
+    return (f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}, {int(torch.isinf(t).sum())} infinite entries, "
+            f"finite entries summing to {float(finite.sum()):.12g}")
+
+
+ENDING = ["[ab][cd]e", "x(yz)?w", "(ab|cd)(e|fg)"]  # grammars that end after a few tokens
+
+
+def _greedy_logits(rng: random.Random, grammar: Grammar, matcher: Matcher, drafts: list[int], seed: int,
+                   agree: float) -> torch.Tensor:
+    """(gamma + 1, 256) logits that favour each draft with probability ``agree``, another allowed token otherwise."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(len(drafts) + 1, 256, generator=g, dtype=torch.float64)
+    state = matcher.state
+    for j, t in enumerate(drafts):
+        allowed = grammar.mask(state).nonzero().flatten().tolist() if state >= 0 else []
+        logits[j, t if rng.random() < agree or not allowed else rng.choice(allowed)] += 12
+        state = grammar.step(state, t) if state >= 0 else -1
+    return logits
+
+
+def _rounds_to_the_end(rng: random.Random) -> list[tuple[str, tuple]]:
+    """Greedy rounds whose drafts follow the grammar to its end (then, sometimes, one more token), with the target
+    rejecting some of them on the way: at most n tokens may be committed, and a rejection before the end keeps its
+    correction."""
+    cases = []
+    for i in range(12):
+        grammar = Grammar(ENDING[i % len(ENDING)])
+        matcher = _advanced(rng, grammar, rng.randrange(0, 2))
+        drafts, state = [], matcher.state
+        while grammar.mask(state).any():
+            drafts.append(rng.choice(grammar.mask(state).nonzero().flatten().tolist()))
+            state = grammar.step(state, drafts[-1])
+        drafts += [rng.randrange(256) for _ in range(i % 2)]
+        logits = _greedy_logits(rng, grammar, matcher, drafts, 100 + i, agree=0.6)
+        q = torch.nn.functional.one_hot(torch.tensor(drafts), 256).to(torch.float64)
+        cases.append((f"greedy, pattern {grammar.pattern!r} (it ends) after {bytes(_accepted(matcher))!r}, drafts "
+                      f"{bytes(drafts)!r}", (matcher, drafts, q, logits)))
+    return cases
+
+
+def _rounds_without_drafts(rng: random.Random) -> list[tuple[str, tuple]]:
+    """No drafts (a proposer with no match): the round is one plain constrained step."""
+    cases = []
+    for i in range(4):
+        grammar = Grammar(PATTERNS[i])
+        matcher = _advanced(rng, grammar, rng.randrange(0, 4))
+        if matcher.finished():
+            matcher.rollback(1)
+        logits = 3 * torch.randn(1, 256, generator=torch.Generator().manual_seed(200 + i), dtype=torch.float64)
+        cases.append((f"greedy, pattern {grammar.pattern!r} after {bytes(_accepted(matcher))!r}, no drafts "
+                      "(drafts=[], q of shape (0, 256), logits of shape (1, 256))",
+                      (matcher, [], torch.zeros(0, 256, dtype=torch.float64), logits)))
+    return cases
+
+
+def _rounds_with_filters(rng: random.Random) -> list[tuple[str, tuple]]:
+    """Sampled rounds whose top-k or top-p leaves one token per position: the output is then deterministic (a
+    one-hot draft is accepted exactly when the filtered, masked target keeps it), so it is compared token for
+    token. The target often favours a forbidden token, over a flat rest: the filters must act on the masked
+    distribution (its best allowed token), not on the unmasked one."""
+    cases = []
+    for i in range(12):
+        grammar = Grammar(PATTERNS[i % len(PATTERNS)])
+        matcher = _advanced(rng, grammar, rng.randrange(0, 6))
+        if matcher.finished():
+            matcher.rollback(1)
+        drafts = _random_drafts(rng, grammar, matcher, rng.randrange(1, 6))
+        logits = 0.5 * torch.randn(len(drafts) + 1, 256, generator=torch.Generator().manual_seed(300 + i),
+                                   dtype=torch.float64)
+        state = matcher.state
+        for j in range(len(drafts) + 1):
+            forbidden = (~grammar.mask(state)).nonzero().flatten().tolist() if state >= 0 else []
+            if j < len(drafts) and (rng.random() < 0.5 or not forbidden):
+                logits[j, drafts[j]] += 12
+            elif forbidden:
+                logits[j, rng.choice(forbidden)] += 12
+            if j < len(drafts):
+                state = grammar.step(state, drafts[j]) if state >= 0 else -1
+        q = torch.nn.functional.one_hot(torch.tensor(drafts), 256).to(torch.float64)
+        params = SamplingParams(temperature=1.0, top_k=1) if i % 2 else SamplingParams(temperature=0.7, top_p=1e-9)
+        what = "top_k=1" if i % 2 else "temperature 0.7, top_p=1e-9"
+        cases.append((f"{what} (one token left at each position), pattern {grammar.pattern!r} after "
+                      f"{bytes(_accepted(matcher))!r}, drafts {bytes(drafts)!r}, a generator seeded {i}",
+                      (matcher, drafts, q, logits, params, torch.Generator().manual_seed(i))))
+    return cases
+
+
+def _a_perfect_draft_is_always_accepted(fn: Callable) -> None:
+    """A draft that samples from the masked target itself (q = p' at every position) is accepted every time:
+    min(1, p'(x) / q(x)) = 1, so each round commits all its drafts and a bonus token."""
+    target, params = toy_model(0, 6, 1.5), SamplingParams(temperature=1.0)
+    grammar = Grammar(TOY_PATTERN, vocab_size=6)  # never ends: every round has its bonus
+
+    def watched(matcher: Matcher, drafts: list[int], q: torch.Tensor, logits: torch.Tensor, *rest: Any) -> Any:
+        before = bytes(_accepted(matcher))
+        committed = fn(matcher, drafts, q, logits, *rest)
+        if not isinstance(committed, list) or list(committed[: len(drafts)]) != list(drafts) \
+                or len(committed) != len(drafts) + 1:
+            raise CheckFailure(
+                f"constrained_round with a draft that samples from the masked target itself (q = p' at every "
+                f"position, temperature 1, toy models over 6 tokens, after {list(before)}): the drafts {drafts} "
+                f"should all be accepted, then one bonus token, but it committed {committed!r}. Verify every draft "
+                "with verify_drafts against the masked target: a draft x is accepted with probability "
+                "min(1, p'(x) / q(x)), which is 1 here.")
+        return committed
+
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        try:
+            speculate(watched, target, target, [1, 2], 6, grammar, 3, params, generator, draft_follows_grammar=True)
+        except NotImplementedError as err:
+            raise not_implemented(fn, "constrained_round", err) from None
+        except CheckFailure:
+            raise
+        except Exception as err:
+            raise CheckFailure(f"constrained_round raised {type(err).__name__}: {err} (temperature 1, a draft that "
+                               "samples from the masked target itself, toy models over 6 tokens)") from None
+
+
+def _one_round_is_exact(fn: Callable) -> None:
+    """One round, one sampled draft, four tokens of which the grammar allows 0 and 1: the first committed token
+    must follow p', the masked target distribution (1/2, 1/2), whatever the draft. The draft favours token 0 and
+    the forbidden tokens, the target the forbidden ones, so a correction from the unmasked p, or a cut draft
+    resampled from p', or an acceptance test against the unmasked p, all move token 0's share well off 1/2."""
+    grammar = Grammar("[\x00\x01]+", vocab_size=4)
+    p = torch.tensor([[0.05, 0.05, 0.45, 0.45], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.45, 0.05, 0.25, 0.25]], dtype=torch.float64)
+    params, generator, firsts = SamplingParams(temperature=1.0), torch.Generator().manual_seed(4), []
+    label = ("constrained_round, one round at temperature 1 (tokens 0-3, the grammar allows 0 and 1; target p = "
+             "[0.05, 0.05, 0.45, 0.45], so p' = [0.5, 0.5, 0, 0]; the draft's q = [0.45, 0.05, 0.25, 0.25], its "
+             "token drawn from q)")
+    for _ in range(1000):
+        drafts = [int(sample(q[0], generator))]
+        try:
+            committed = fn(Matcher(grammar), drafts, q.clone(), p.log(), params, generator)
+        except NotImplementedError as err:
+            raise not_implemented(fn, "constrained_round", err) from None
+        except Exception as err:
+            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}") from None
+        if not isinstance(committed, list) or not committed:
+            raise CheckFailure(f"{label}: returned {committed!r} for drafts {drafts}, not a non-empty list of ints.")
+        firsts.append(committed[0])
+    compare_frequencies(firsts, {0: 0.5, 1: 0.5}, f"{label}: the first committed token",
+                        hint=" Accept an allowed draft with probability min(1, p'(x) / q(x)); at a rejection (a "
+                             "forbidden draft is rejected for certain) the correction comes from max(p' - q, 0), "
+                             "with p' the masked, renormalised target distribution.")
 
 
 def _constrained_sampling_is_exact(fn: Callable) -> None:
@@ -389,12 +600,45 @@ def check_propose_from_tree(fn: Callable) -> None:
         cases.append((f"a tree of depth {tree.depth} over {tree.root.count} tokens, tokens={query}, "
                       f"max_drafts={max_drafts}, factor={factor}, min_prob={min_prob}",
                       (tree, query, max_drafts, factor, min_prob)))
+    cases += _caps_and_thresholds(random.Random(29))
 
     def outcome(args, returned):
         return (("the return value", returned),)
 
     _compare(fn, propose_from_tree, cases, outcome,
              "Return (drafts, probability): a list of ints and a float (0.0 when there is no draft).")
+
+
+def _caps_and_thresholds(rng: random.Random) -> list[tuple[str, tuple]]:
+    """Caps that int() rounds down (a 3-token match at factor 0.5 earns 1 draft, not 2), and thresholds just above
+    an estimate of the walk (by one part in a million): the walk stops there, with no tolerance."""
+    periodic = SuffixTree(depth=8)
+    periodic.extend(0, [1, 2, 3, 4, 5, 6] * 3)
+    cases = [(f"a tree of depth 8 over [1, 2, 3, 4, 5, 6] * 3, tokens={q}, max_drafts=8, factor={f}, min_prob=0.1 "
+              f"(a {len(q) - 1}-token match: int({f} * {len(q) - 1}) = {int(f * (len(q) - 1))} drafts)",
+              (periodic, q, 8, f, 0.1)) for q, f in (([9, 1, 2, 3], 0.5), ([9, 5, 6], 0.75), ([9, 2, 3, 4], 1.5))]
+    for i in range(10):
+        vocab = rng.choice([2, 3, 4])
+        tree = SuffixTree(depth=rng.choice([4, 6]))
+        for doc in range(rng.randrange(1, 4)):
+            tree.extend(doc, [rng.randrange(vocab) for _ in range(rng.randrange(6, 16))])
+        query = [rng.randrange(vocab) for _ in range(rng.randrange(2, 6))]
+        length, node = tree.longest_match(query)
+        estimates, prob = [], Fraction(1)
+        while node is not None and node.children and len(estimates) < 8:
+            token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+            prob *= Fraction(child.count, node.count)
+            estimates.append(prob)
+            node = child
+        if not estimates or length == 0:
+            continue
+        j = rng.randrange(len(estimates))
+        min_prob = float(estimates[j]) * (1 + 1e-6)  # the walk stops before the draft that brings it to j
+        cases.append((f"a tree of depth {tree.depth} over {tree.root.count} tokens, tokens={query}, max_drafts=8, "
+                      f"factor=4.0, min_prob={min_prob!r} (just above {estimates[j]}, an estimate on the walk: it stops "
+                      "before reaching it)",
+                      (tree, query, 8, 4.0, min_prob)))
+    return cases
 
 
 def _unambiguous(tree: SuffixTree, tokens: list[int], max_drafts: int, factor: float, min_prob: float) -> float:
@@ -438,8 +682,40 @@ def _profiles(seed: int) -> list[tuple[str, tuple]]:
                 k = ks[-1]
                 itl[b][0] = 2.0 ** rng.randrange(-2, 3)
                 itl[b][k] = itl[b][0] * (1 + sum(rates[:k]))
+            row = list(itl[b].items())
+            rng.shuffle(row)  # a profile is a mapping: its K need not come in order
+            itl[b] = dict(row)
+        sizes_in_order = list(itl.items())
+        rng.shuffle(sizes_in_order)
+        itl = dict(sizes_in_order)
         cases.append((f"itl={itl}, rates={rates}", (itl, rates)))
     return cases
+
+
+def _profile_state(itl: Mapping[int, Mapping[int, float]], rates: Sequence[float]) -> tuple:
+    return {b: dict(row) for b, row in itl.items()}, tuple(rates)
+
+
+BAD_PROFILE = ("the profile is invalid: keep the template's first line, check_profile(itl, rates), which rejects it "
+               "with a ValueError.")
+
+
+def _rejects_bad_profiles(fn: Callable) -> None:
+    bad = [("itl={8: {1: 1.0, 2: 1.5}}, rates=[0.5, 0.5] (no K = 0 entry)", ({8: {1: 1.0, 2: 1.5}}, [0.5, 0.5])),
+           ("itl={8: {0: 1.0, 3: 1.5}}, rates=[0.5, 0.5] (K = 3 has no rate)", ({8: {0: 1.0, 3: 1.5}}, [0.5, 0.5])),
+           ("itl={8: {0: 1.0, 2: 1.5}}, rates=[0.5, 0.75] (a rate that grows with the position)",
+            ({8: {0: 1.0, 2: 1.5}}, [0.5, 0.75]))]
+    for description, args in bad:
+        label = f"k_schedule({description})"
+        try:
+            got = fn(*copy.deepcopy(args))
+        except ValueError:
+            continue
+        except NotImplementedError as err:
+            raise not_implemented(fn, label, err) from None
+        except Exception as err:
+            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}; {BAD_PROFILE}") from None
+        raise CheckFailure(f"{label} returned {got!r}, but {BAD_PROFILE}")
 
 
 def check_k_schedule(fn: Callable) -> None:
@@ -447,8 +723,21 @@ def check_k_schedule(fn: Callable) -> None:
               ({64: {0: 1.0, 2: 4.0}}, [0.5, 0.5])),
              ("itl={8: {0: 1.0, 1: 0.75, 2: 1.0}}, rates=[0.5, 0.5] (K = 1 and 2 tie at 2 tokens per second)",
               ({8: {0: 1.0, 1: 0.75, 2: 1.0}}, [0.5, 0.5]))]
-    _compare(fn, k_schedule, first + _profiles(18),
-             promise="Return a dict from each profiled batch size to its K (ints).")
+    last = [("itl={8: {2: 1.0, 1: 0.75, 0: 1.0}}, rates=[0.5, 0.5] (the K listed from the largest down; K = 1 and 2 "
+             "tie)", ({8: {2: 1.0, 1: 0.75, 0: 1.0}}, [0.5, 0.5])),
+            (f"itl={{4: {{0: 1.0, 2: {2 * (1 - 2 ** -16)!r}}}}}, rates=[0.5, 0.5] (K = 2 beats K = 0 by one part in "
+             "65,536: a near tie is not a tie)", ({4: {0: 1.0, 2: 2 * (1 - 2 ** -16)}}, [0.5, 0.5]))]
+
+    def outcome(args, returned):
+        types = (tuple(sorted({(type(b).__name__, type(k).__name__) for b, k in returned.items()}))
+                 if isinstance(returned, dict) else type(returned).__name__)
+        return (("the return value", returned), ("the types of its keys and values (batch size, K)", types),
+                ("the profile (itl, rates) afterwards", _profile_state(*args)))
+
+    _compare(fn, k_schedule, first + _profiles(18) + last, outcome,
+             promise="Return a dict from each profiled batch size to its K (ints), and leave itl and rates as they "
+                     "were.")
+    _rejects_bad_profiles(fn)
 
 
 def check_lookup_k(fn: Callable) -> None:
@@ -458,4 +747,16 @@ def check_lookup_k(fn: Callable) -> None:
         schedule = {b: rng.randrange(0, 9) for b in sizes}
         batch = rng.choice([1, 3, 300] + sizes + [s + 1 for s in sizes] + [max(s - 1, 1) for s in sizes])
         cases.append((f"schedule={schedule}, batch_size={batch}", (schedule, batch)))
-    _compare(fn, lookup_k, cases)
+    for i in range(20):  # sizes that are not powers of two, then listed in any order (a schedule is a mapping)
+        sizes = rng.sample([1, 3, 6, 12, 24, 48, 80, 96, 160, 200], rng.randrange(2, 6))
+        schedule = {b: rng.randrange(0, 9) for b in (sorted(sizes) if i < 10 else sizes)}
+        batch = rng.choice([1, 2, 300] + sizes + [s + 1 for s in sizes] + [max(s - 1, 1) for s in sizes])
+        cases.append((f"schedule={schedule}, batch_size={batch}", (schedule, batch)))
+    unsorted = {32: 2, 128: 0, 1: 6, 8: 4}
+    cases += [(f"schedule={unsorted}, batch_size={b}", (unsorted, b)) for b in (200, 7, 40)]
+
+    def outcome(args, returned):
+        return (("the return value", returned), ("the schedule afterwards", dict(args[0])))
+
+    _compare(fn, lookup_k, cases, outcome, "Return the K of the largest profiled batch size not above batch_size "
+             "(or of the smallest), whatever order the schedule lists its sizes in, and leave the schedule as it was.")

@@ -8,41 +8,58 @@ import torch
 
 from specdec.chain import verify_drafts
 from specdec.mistakes import Mistake
-from specdec.params import GREEDY
+from specdec.params import GREEDY, SamplingParams
 from specdec.production.grammar import masked_logits
 from specdec.serving.prefix_cache import prefix_key
 
 
 # ---- match_prefix -------------------------------------------------------------------------
-def _match(cache, tokens, block_size, *, leave=1, own_tokens=False, skip_misses=False):
+def _match(cache, tokens, block_size, *, leave=1, own_tokens=False, skip_misses=False, last_block_only=False,
+           count_hits=False, order="prompt"):
     blocks, i = [], 0
     while (i + 1) * block_size <= len(tokens) - leave:
-        key = tuple(tokens[i * block_size:(i + 1) * block_size]) if own_tokens else prefix_key(tokens, i, block_size)
-        block = cache.block_of.get(key)
+        own = tuple(tokens[i * block_size:(i + 1) * block_size])
+        if last_block_only:  # any published block of this length whose own tokens match: the prefix unchecked
+            block = next((b for b, key in cache.key_of.items()
+                          if len(key) == (i + 1) * block_size and key[-block_size:] == own), None)
+        else:
+            block = cache.block_of.get(own if own_tokens else prefix_key(tokens, i, block_size))
         i += 1
         if block is None:
             if skip_misses:
                 continue
             break
         blocks.append(block)
-    return blocks
+    if count_hits:  # the engine counts the hits itself: these count them twice
+        cache.queried_tokens += len(tokens)
+        cache.hit_tokens += len(blocks) * block_size
+    return sorted(blocks) if order == "sorted" else blocks
 
 
 # ---- publish_blocks -----------------------------------------------------------------------
 def _publish(cache, tokens, block_table, num_computed, block_size, start=0, *, upto="computed", own_tokens=False,
-             ceil=False):
+             ceil=False, spare_last=False, stop_at_known=False, trim_table=False):
     count = {"computed": num_computed, "table": len(block_table) * block_size, "tokens": len(tokens)}[upto]
     full = -(-count // block_size) if ceil else count // block_size
-    full = min(full, len(block_table))
-    for i in range(start, full):
+    full = min(full, len(block_table) - 1 if spare_last else len(block_table))  # spare_last: "the last is lookahead"
+    order = reversed(range(start, full)) if stop_at_known else range(start, full)
+    for i in order:
         key = tuple(tokens[i * block_size:(i + 1) * block_size]) if own_tokens else prefix_key(tokens, i, block_size)
+        if stop_at_known and key in cache.block_of:  # "the blocks before a published one are published too"
+            break
         cache.add(key, block_table[i])
+    if trim_table and isinstance(block_table, list):
+        del block_table[max(full, start) + 1:]  # "the lookahead blocks are not needed any more"
     return max(full, start)
 
 
 # ---- speculative_masks --------------------------------------------------------------------
-def _masks(matcher, drafts, *, rollback=True, rows="n+1", validate=True):
+def _masks(matcher, drafts, *, rollback=True, rows="n+1", validate=True, cut_drafts=False, flat_when_empty=False):
+    if flat_when_empty and not drafts:
+        return 0, matcher.allowed().clone()
     n = matcher.validate(drafts) if validate else len(drafts)
+    if cut_drafts and isinstance(drafts, list):
+        del drafts[n:]  # the caller's list loses the forbidden draft
     out = [matcher.allowed()]
     accepted = 0
     for t in drafts[:n]:
@@ -59,7 +76,11 @@ def _masks(matcher, drafts, *, rollback=True, rows="n+1", validate=True):
 
 # ---- constrained_round --------------------------------------------------------------------
 def _round(matcher, drafts, q, logits, params=GREEDY, generator=None, *, drop=False, unmasked=False, advance=True,
-           keep_bonus=False, shift=False):
+           keep_bonus=False, shift=False, in_place=False, end="cut_to_n", no_drafts="one_step", params_kept=True):
+    if not drafts and no_drafts == "nothing":
+        return []
+    if not params_kept:  # temperature only: top-k and top-p lost
+        params = SamplingParams(temperature=params.temperature)
     n = matcher.validate(drafts)
     rows = [matcher.allowed()]
     for t in drafts[:n]:
@@ -75,26 +96,85 @@ def _round(matcher, drafts, q, logits, params=GREEDY, generator=None, *, drop=Fa
     rows_used = torch.cat([masks, masks[-1:]])[: kept + 1].clone()
     if ended:
         rows_used[n] = True
-    lg = logits[: kept + 1] if unmasked else masked_logits(logits[: kept + 1], rows_used)
+    if in_place:
+        lg = logits[: kept + 1]
+        lg.masked_fill_(~rows_used, float("-inf"))  # the caller's logits, masked where they lie
+    else:
+        lg = logits[: kept + 1] if unmasked else masked_logits(logits[: kept + 1], rows_used)
     committed = verify_drafts(list(drafts[:kept]), q[:kept], lg, params, generator)
     if ended and not keep_bonus:
-        committed = committed[:n]
+        if end == "drop_last":  # "the last token is the one past the end", even after a rejection
+            committed = committed[:-1]
+        elif end == "only_after_a_cut":  # the grammar may also end right after the last draft
+            committed = committed[:n] if n < len(drafts) else committed
+        else:
+            committed = committed[:n]
     if advance:
         allowed = matcher.validate(committed)
         matcher.accept(committed[:allowed])
     return committed
 
 
+def _round_by_hand(matcher, drafts, q, logits, params=GREEDY, generator=None, *, residual="masked",
+                   accept="masked", one_token=False, filters="after_mask"):
+    """A sampled round written out (greedy rounds go to :func:`_round`), with one step done wrong."""
+    if params.temperature == 0:
+        return _round(matcher, drafts, q, logits, params, generator)
+    n = matcher.validate(drafts)
+    rows = [matcher.allowed()]
+    for t in drafts[:n]:
+        matcher.accept([t])
+        rows.append(matcher.allowed())
+    matcher.rollback(n)
+    masks = torch.stack(rows)
+    ended = not bool(masks[n].any())
+    kept = n if ended or n == len(drafts) else n + 1
+    rows_used = torch.cat([masks, masks[-1:]])[: kept + 1].clone()
+    if ended:
+        rows_used[n] = True
+    if filters == "before_mask":  # top-k / top-p on the unmasked distribution, then the mask
+        raw = params.probs(logits[: kept + 1]) * rows_used
+        empty = raw.sum(-1, keepdim=True) == 0
+        raw = torch.where(empty, torch.softmax(masked_logits(logits[: kept + 1], rows_used), -1), raw)
+        p_masked = raw / raw.sum(-1, keepdim=True)
+    else:
+        p_masked = params.probs(masked_logits(logits[: kept + 1], rows_used))
+    p_raw = params.probs(logits[: kept + 1])
+    if one_token:  # one draw from p' per round: the drafts never used
+        committed = [int(torch.multinomial(p_masked[0], 1, generator=generator))]
+    else:
+        committed = []
+        for i in range(kept):
+            y = int(drafts[i])
+            u = float(torch.rand((), generator=generator, dtype=torch.float64))
+            p_test = p_raw if accept == "unmasked" else p_masked
+            if bool(rows_used[i, y]) and u * float(q[i, y]) < float(p_test[i, y]):
+                committed.append(y)
+                continue
+            base = p_raw[i] * rows_used[i] if residual == "unmasked" else p_masked[i]
+            left = (base - q[i]).clamp_min(0)
+            left = left if left.sum() > 0 else p_masked[i]
+            committed.append(int(torch.multinomial(left / left.sum(), 1, generator=generator)))
+            break
+        else:
+            committed.append(int(torch.multinomial(p_masked[kept], 1, generator=generator)))
+    if ended:
+        committed = committed[:n]
+    matcher.accept(committed[: matcher.validate(committed)])
+    return committed
+
+
 # ---- propose_from_tree ---------------------------------------------------------------------
 def _propose(tree, tokens, max_drafts, factor=1.0, min_prob=0.1, *, use_factor=True, pick="count", cut="product",
-             match="longest", strict=True):
+             match="longest", strict=True, cap=int, slack=0.0):
     if match == "longest":
         length, node = tree.longest_match(tokens)
     else:
         last = tree.root.children.get(tokens[-1]) if len(tokens) else None
         length, node = (1, last) if last is not None else (0, None)
     drafts, prob = [], 1.0
-    limit = min(max_drafts, int(factor * length)) if use_factor else max_drafts
+    limit = min(max_drafts, cap(factor * length)) if use_factor else max_drafts
+    min_prob *= 1 - slack  # slack: a tolerance on the threshold
     while node is not None and node.children and len(drafts) < limit:
         items = list(node.children.items())
         if pick == "count":
@@ -114,11 +194,12 @@ def _propose(tree, tokens, max_drafts, factor=1.0, min_prob=0.1, *, use_factor=T
 
 
 # ---- k_schedule / lookup_k ------------------------------------------------------------------
-def _schedule(itl, rates, *, length="sum", ties="small", skip_zero=False):
+def _schedule(itl, rates, *, length="sum", ties="small", skip_zero=False, order=sorted, margin=0.0, as_float=False,
+              pop_zero=False):
     schedule = {}
     for b, row in itl.items():
         best_k, best = None, -1.0
-        for k in sorted(row):
+        for k in order(row):
             if skip_zero and k == 0 and len(row) > 1:
                 continue
             if length == "sum":
@@ -131,14 +212,26 @@ def _schedule(itl, rates, *, length="sum", ties="small", skip_zero=False):
             else:  # per step, not per token
                 al = 1.0
             goodput = al / row[k]
-            if goodput > best or (ties == "large" and goodput == best):
+            if goodput > best * (1 + margin) or (ties == "large" and goodput == best):
                 best_k, best = k, goodput
-        schedule[b] = best_k
+        schedule[b] = float(best_k) if as_float else best_k
+    if pop_zero:  # "K = 0 has been compared: drop it"
+        for row in itl.values():
+            if isinstance(row, dict) and len(row) > 1:
+                row.pop(0, None)
     return dict(sorted(schedule.items()))
 
 
-def _lookup(schedule, batch_size, *, how="floor"):
-    sizes = sorted(schedule)
+def _lookup(schedule, batch_size, *, how="floor", listed=False, remember=False):
+    if how == "power_of_two":  # B rounded down to a power of two, then looked up
+        b = 1 << (batch_size.bit_length() - 1)
+        while b not in schedule and b > 1:
+            b >>= 1
+        return schedule.get(b, schedule[min(schedule)])
+    if remember and isinstance(schedule, dict):  # "cache the answer for next time": the caller's schedule grows
+        schedule[batch_size] = _lookup(dict(schedule), batch_size)
+        return schedule[batch_size]
+    sizes = list(schedule) if listed else sorted(schedule)
     if how == "nearest":
         return schedule[min(sizes, key=lambda s: (abs(s - batch_size), s))]
     if how == "ceil":
@@ -165,6 +258,15 @@ MISTAKES = [
        "K and V depend on every token before it, not only its own."),
     _m("match_prefix", "skips_misses", lambda *a: _match(*a, skip_misses=True),
        "stop at the first block that is not published: a later block is only reusable after every earlier one."),
+    _m("match_prefix", "last_block_tokens_only", lambda *a: _match(*a, last_block_only=True),
+       "a block matches only when its whole key, prefix_key(tokens, i, block_size), is published: a block whose own "
+       "tokens (and length) match but that follows another prefix holds other K and V."),
+    _m("match_prefix", "counts_the_hits", lambda *a: _match(*a, count_hits=True),
+       "match_prefix only looks up: leave queried_tokens and hit_tokens alone, the engine adds the hit to them "
+       "itself (counted here too, every hit would count twice)."),
+    _m("match_prefix", "blocks_sorted", lambda *a: _match(*a, order="sorted"),
+       "return the blocks in the order of the prompt (block 0 first): a table must list them in order, and block "
+       "ids say nothing about it (sorting, or a set, loses it)."),
     _m("publish_blocks", "publishes_lookahead", lambda *a: _publish(*a, upto="table"),
        "publish only the blocks filled with verified tokens, num_computed // block_size of them: the table also "
        "holds the lookahead slots a rejection left half-written."),
@@ -176,6 +278,15 @@ MISTAKES = [
     _m("publish_blocks", "key_by_block_tokens", lambda *a: _publish(*a, own_tokens=True),
        "publish under prefix_key(tokens, i, block_size), the whole prefix to the block's end: two requests whose "
        "blocks hold the same tokens after different prefixes have different K and V."),
+    _m("publish_blocks", "spares_the_last_block", lambda *a: _publish(*a, spare_last=True),
+       "publish every full block of computed tokens, the table's last one included: the last block holds lookahead "
+       "only when num_computed says so."),
+    _m("publish_blocks", "stops_at_a_published_prefix", lambda *a: _publish(*a, stop_at_known=True),
+       "go through every block from start to num_computed // block_size: a prefix already published (another row "
+       "computed it too) says nothing about the blocks around it, one of which may have been evicted since."),
+    _m("publish_blocks", "trims_the_table", lambda *a: _publish(*a, trim_table=True),
+       "publish_blocks only publishes: leave tokens and block_table as they were (the engine still frees the "
+       "lookahead blocks through the row's table)."),
     _m("speculative_masks", "no_rollback", lambda *a: _masks(*a, rollback=False),
        "roll the matcher back (matcher.rollback(n)) after reading the masks: the drafts are not committed yet, "
        "and after a rejection the grammar must continue from the last committed token."),
@@ -184,6 +295,11 @@ MISTAKES = [
        "(or at the bonus position)."),
     _m("speculative_masks", "no_validation", lambda *a: _masks(*a, validate=False),
        "n is how many drafts the grammar allows in a row (matcher.validate(drafts)), not len(drafts)."),
+    _m("speculative_masks", "cuts_the_drafts", lambda *a: _masks(*a, cut_drafts=True),
+       "leave the drafts as they were: the round still verifies the first forbidden one (a certain rejection), so "
+       "cutting the caller's list loses it."),
+    _m("speculative_masks", "flat_without_drafts", lambda *a: _masks(*a, flat_when_empty=True),
+       "with no drafts, return (0, masks) with masks of shape (1, V): one row, the mask at the bonus position."),
     _m("constrained_round", "drops_the_forbidden_draft", lambda *a: _round(*a, drop=True),
        "keep the first forbidden draft in the round, as a certain rejection (its masked p is 0): the correction "
        "then comes from max(p' - q, 0). Cutting it away and sampling from p' there is biased whenever q put mass "
@@ -198,6 +314,31 @@ MISTAKES = [
        "belong to the output."),
     _m("constrained_round", "masks_shifted", lambda *a: _round(*a, shift=True),
        "position i of the round uses the mask after drafts[:i]: row i of speculative_masks, not row i + 1."),
+    _m("constrained_round", "masks_the_logits_in_place", lambda *a: _round(*a, in_place=True),
+       "mask a copy (masked_logits returns one): the logits you are given belong to the caller."),
+    _m("constrained_round", "drops_a_token_at_the_end", lambda *a: _round(*a, end="drop_last"),
+       "when the grammar ends after draft n, keep committed[:n]: a rejection before the end still commits its "
+       "correction, and only a token past the end goes."),
+    _m("constrained_round", "end_only_after_a_cut", lambda *a: _round(*a, end="only_after_a_cut"),
+       "the grammar can end right after the last draft too (masks[n] allows nothing with n = len(drafts)): the bonus "
+       "then lies past the end, so commit at most n tokens there as well."),
+    _m("constrained_round", "nothing_without_drafts", lambda *a: _round(*a, no_drafts="nothing"),
+       "a round with no drafts is one plain constrained step: it commits one token (verify_drafts with no drafts "
+       "samples it from the masked logits)."),
+    _m("constrained_round", "filters_dropped", lambda *a: _round(*a, params_kept=False),
+       "verify with the request's own SamplingParams: its top-k and top-p act on the masked distribution too."),
+    _m("constrained_round", "filters_before_the_mask", lambda *a: _round_by_hand(*a, filters="before_mask"),
+       "mask first, then let temperature, top-k and top-p act (params.probs on the masked logits): a filter applied "
+       "before the mask keeps forbidden tokens and drops allowed ones."),
+    _m("constrained_round", "residual_from_unmasked_p", lambda *a: _round_by_hand(*a, residual="unmasked"),
+       "after a rejection the correction comes from max(p' - q, 0) with p' the masked, renormalised target "
+       "distribution, not from the unmasked p restricted to the allowed tokens."),
+    _m("constrained_round", "acceptance_against_unmasked_p", lambda *a: _round_by_hand(*a, accept="unmasked"),
+       "accept an allowed draft x with probability min(1, p'(x) / q(x)), p' masked and renormalised: the unmasked "
+       "p(x) is smaller and rejects drafts the constrained target would keep."),
+    _m("constrained_round", "one_token_per_round", lambda *a: _round_by_hand(*a, one_token=True),
+       "verify the drafts (verify_drafts): drawing one token from p' per round is exact but never speculates, and a "
+       "draft the target agrees with must be accepted."),
     _m("propose_from_tree", "no_length_cap", lambda *a: _propose(*a, use_factor=False),
        "cap the draft at min(max_drafts, int(factor * match length)): a short match earns a short draft."),
     _m("propose_from_tree", "first_child", lambda *a: _propose(*a, pick="first"),
@@ -215,6 +356,11 @@ MISTAKES = [
        "and the longer the draft."),
     _m("propose_from_tree", "stops_at_equal", lambda *a: _propose(*a, strict=False),
        "an estimate exactly equal to min_prob is still allowed: stop only when it would fall below."),
+    _m("propose_from_tree", "cap_rounded", lambda *a: _propose(*a, cap=round),
+       "the cap is int(factor * match length), rounded down: a 3-token match at factor 0.5 earns 1 draft, not 2."),
+    _m("propose_from_tree", "threshold_with_slack", lambda *a: _propose(*a, slack=0.01),
+       "compare the estimate with min_prob itself, with no tolerance: an estimate a hair below min_prob stops the "
+       "walk."),
     _m("k_schedule", "rates_multiplied", lambda *a: _schedule(*a, length="product"),
        "the per-position rates are already unconditional (accepted at position i over rounds): the mean "
        "acceptance length is 1 + rates[0] + ... + rates[K - 1]; multiplying them counts earlier rejections twice."),
@@ -224,10 +370,30 @@ MISTAKES = [
        "on equal goodput keep the smaller K (less work for the same tokens)."),
     _m("k_schedule", "never_off", lambda *a: _schedule(*a, skip_zero=True),
        "K = 0 (speculation off) is a candidate like any other: at large batches it wins."),
+    _m("k_schedule", "first_listed_on_ties", lambda *a: _schedule(*a, order=list),
+       "go through the K in increasing order (sorted(itl[B])), or break ties by K explicitly: a profile is a "
+       "mapping, and the first K it lists need not be the smallest."),
+    _m("k_schedule", "near_ties_as_ties", lambda *a: _schedule(*a, margin=0.01),
+       "compare goodputs exactly: a K that is better by a small margin is better (only an exact tie goes to the "
+       "smaller K)."),
+    _m("k_schedule", "k_as_float", lambda *a: {b: float(k) for b, k in _schedule(*a).items()},
+       "return ints: {B: K} with K an int, the draft length a step uses."),
+    _m("k_schedule", "profile_changed", lambda *a: _schedule(*a, pop_zero=True),
+       "leave itl and rates as they were: the profile is the caller's, and the next schedule is built from it."),
+    _m("k_schedule", "no_profile_check", lambda *a: _schedule(*a),
+       "the profile is invalid: keep the template's first line, check_profile(itl, rates), which rejects it with a "
+       "ValueError."),
     _m("lookup_k", "nearest_size", lambda *a: _lookup(*a, how="nearest"),
        "take the largest profiled batch size not above the batch (bisect_right - 1), not the nearest one."),
     _m("lookup_k", "next_size_up", lambda *a: _lookup(*a, how="ceil"),
        "take the largest profiled batch size not above the batch, not the next one up."),
     _m("lookup_k", "off_below_the_profile", lambda *a: _lookup(*a, how="zero_below"),
        "below the smallest profiled batch size use that size's entry, not 0."),
+    _m("lookup_k", "sizes_as_listed", lambda *a: _lookup(*a, listed=True),
+       "sort the profiled batch sizes (sorted(schedule)) before searching them: a schedule is a mapping, its keys "
+       "may come in any order."),
+    _m("lookup_k", "power_of_two_buckets", lambda *a: _lookup(*a, how="power_of_two"),
+       "search the profiled batch sizes themselves (the largest not above B): they need not be powers of two."),
+    _m("lookup_k", "schedule_changed", lambda *a: _lookup(*a, remember=True),
+       "leave the schedule as it was: it is the caller's, shared by every later lookup."),
 ]
