@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import shutil
 import tempfile
 import threading
@@ -21,6 +22,16 @@ from specdec.course import driver as course
 from specdec.paths import NOTEBOOKS_DIR, SOURCE_DIR
 
 SLUGS = course.assignments()
+
+
+@functools.cache
+def measured_costs(target, draft) -> tuple:
+    """The forward costs a serving engine for this pair measures the first time a row asks for gamma "auto"
+    (``ServingEngine.measure_costs()``, its full default grid: 2 s for a tiny pair, 13 s for the shipped one),
+    measured once per pair per session: pass them as ``costs=`` to engines whose test is not about measuring."""
+    from specdec.serving.engine import ServingEngine
+
+    return ServingEngine(target, draft).measure_costs()
 
 
 def source_path(slug: str) -> Path:

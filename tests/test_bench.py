@@ -171,6 +171,7 @@ def test_serving_load_sweep_interleaves_modes_and_reports_alpha_and_the_crossove
     assert all(r["alpha"] >= r["draft_acceptance_rate"] for r in on)  # accepted / tested >= accepted / proposed
     assert set(report["crossover"]) == {"on", "auto", "predicted"} and "warnings" in report["machine"]
     assert [p["batch"] for p in report["prediction"]] == [1, 2]
+    assert report["costs"]["target"]["rows"] == [1, 2]  # the costs of the batch sizes swept, not the default grid
 
 
 def test_crossover_experiment_times_a_full_batch_decoding_and_predicts_from_the_same_costs():

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from conftest import measured_costs
 from specdec.checks.engine import tiny_pair
 from specdec.engine import target_only_generate
 from specdec.serving.blocks import release_slots, reserve_slots, slot_mapping
@@ -66,7 +67,9 @@ def _cached_kv_is_its_prefix(engine: ServingEngine) -> None:
         for layer in range(engine.target.config.n_layers):
             for pool, ref in ((engine.kv.k, scratch.k), (engine.kv.v, scratch.v)):
                 torch.testing.assert_close(pool[layer, block * bs:(block + 1) * bs], ref[layer, first:len(key)],
-                                           atol=1e-4, rtol=1e-4, msg=f"block {block} does not hold its prefix")
+                                           atol=1e-3, rtol=1e-4, msg=f"block {block} does not hold its prefix")
+    # (atol 1e-3: a batched forward and the prefix alone reduce in another order, and entries here reach |20|, so
+    # float32 differs by up to ~1e-4 where the entry is near 0; another prefix's K and V differ by O(1).)
 
 
 def _shared_prefix_requests(rng: random.Random, n: int, vocab: int = 32) -> list[tuple[list[int], int]]:
@@ -177,7 +180,8 @@ CACHE_PARTS = {"match_prefix", "publish_blocks"}  # called only with prefix cach
 def test_a_part_that_raises_leaves_the_engine_as_it_was_and_is_named(pair, name, caching):
     target, draft = pair
     engine = ServingEngine(target, draft, num_blocks=60, block_size=4, token_budget=24, max_gamma=4,
-                           prefix_caching=caching, parts=Parts(**{name: Flaky(PARTS[name], {3, 7, 8})}))
+                           prefix_caching=caching, parts=Parts(**{name: Flaky(PARTS[name], {3, 7, 8})}),
+                           costs=measured_costs(target, draft))  # measured once for every case, not per engine
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9][: 3 + i] for i in range(5)]
     ids = [engine.add_request(p, 12, gamma=[0, 2, 4, "auto", 3][i]) for i, p in enumerate(prompts)]
     failures = 0
@@ -279,7 +283,7 @@ def test_seeded_faults_leak_nothing_and_change_no_surviving_token(pair, caching)
     rng = random.Random(7)
     failing = {name: Flaky(PARTS[name], {rng.randrange(1, 400) for _ in range(4)}) for name in PARTS}
     engine = ServingEngine(target, draft, num_blocks=36, block_size=4, token_budget=48, max_gamma=4,
-                           prefix_caching=caching, parts=Parts(**failing))
+                           prefix_caching=caching, parts=Parts(**failing), costs=measured_costs(target, draft))
     requests = _shared_prefix_requests(rng, 200)
     ids, streamed, failures, aborted = [], {}, 0, set()
     pending = list(enumerate(requests))

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from conftest import measured_costs
 from specdec.checks.engine import shipped_pair, target_joint_after_first, tiny_pair
 from specdec.checks.stats import compare_frequencies
 from specdec.engine import target_only_generate
@@ -63,7 +64,8 @@ def test_greedy_mixed_batch_equals_batch_one_decoding(budget, blocks):
     """18 greedy requests (prompt lengths 1-159, max_tokens 1-69, stop tokens and strings, gamma 0-8
     and auto) in one engine equal target-only decoding of each alone, token for token (float32, CPU)."""
     target, draft = shipped_pair()
-    engine = ServingEngine(target, draft, num_blocks=blocks, block_size=8, token_budget=budget, max_gamma=8)
+    engine = ServingEngine(target, draft, num_blocks=blocks, block_size=8, token_budget=budget, max_gamma=8,
+                           costs=measured_costs(target, draft))  # measured once for the three cases
     requests = _mixed_requests(seed=budget)
     ids = [engine.add_request(**r) for r in requests]
     streamed = _run_checked(engine)

@@ -121,7 +121,7 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
     each repeat, :func:`specdec.bench.timing.interleaved`): per level and mode the median tokens/s with its min
     and max; the measured step costs; the cost model's prediction; the machine's load and warnings."""
     probe = ServingEngine(target, draft)
-    costs = probe.measure_costs()
+    costs = probe.measure_costs(rows=sorted(set(levels) | {1, 2}))  # the batch sizes swept, as decode_sweep does
     watch = LoadWatch(torch.get_num_threads())
     rows = []
     for level in levels:

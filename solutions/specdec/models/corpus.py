@@ -14,6 +14,7 @@ import json
 import random
 import sysconfig
 import zlib
+from functools import cache
 from pathlib import Path
 
 from specdec.paths import DATA_DIR
@@ -23,9 +24,14 @@ _SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-package
 
 def stdlib_files() -> list[Path]:
     """The standard library's .py files, sorted by path relative to the stdlib root."""
+    return list(_stdlib_files())
+
+
+@cache
+def _stdlib_files() -> tuple[Path, ...]:  # walked once per process: code_prompts is called by many checks
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [p for p in root.rglob("*.py") if not _SKIP_DIRS & set(p.relative_to(root).parts)]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+    return tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
 
 
 def is_held_out(path: Path) -> bool:
