@@ -13,7 +13,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test nbval test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook heads bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test nbval test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
@@ -24,7 +24,7 @@ help:
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
-	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter on the shipped target (about 8 min)"
+	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter, and notebook 13's MTP- and EAGLE-3-style drafters, on the shipped target"
 	@echo "make hf-models  write the shipped checkpoints as Hugging Face folders in artifacts/hf/ (python -m specdec.bench --target artifacts/hf/target --draft artifacts/hf/draft)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 8 min)"
@@ -32,6 +32,8 @@ help:
 	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json: the crossover experiment (about 10 min) and the closed loop (about 23 min)"
 	@echo "make bench-drafters  every proposer side by side on the target, code and math (notebook 12; artifacts/drafters/)"
 	@echo "make bench-drafters-notebook  re-measure notebook 12's copy into data/bench/nb12_drafters.json (about 3 min)"
+	@echo "make bench-eagle3  notebook 13's MTP-style and EAGLE-3-style drafters against EAGLE-1 (artifacts/drafters/eagle3.json; needs make heads)"
+	@echo "make bench-eagle3-notebook  re-measure notebook 13's copy into data/bench/nb13_drafters.json"
 	@echo "make bench-cohort  time cohort grading of 100 mixed submissions of notebook 02 (2 workers)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
 	@echo "make bench-cells  time every graded test cell of the instructor notebooks (one thread; budget 10 s each)"
@@ -88,6 +90,12 @@ bench-drafters: $(STAMP)
 
 bench-drafters-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench.drafters --notebook-reference data/bench/nb12_drafters.json
+
+bench-eagle3: $(STAMP)
+	$(BIN)/python -m specdec.bench.eagle3
+
+bench-eagle3-notebook: $(STAMP)
+	$(BIN)/python -m specdec.bench.eagle3 --notebook-reference data/bench/nb13_drafters.json
 
 bench: $(STAMP)
 	$(BIN)/python -m specdec.bench --hf

@@ -21,7 +21,15 @@ from pathlib import Path
 import torch
 
 from specdec.bench.timing import LoadWatch, interleaved, spread
-from specdec.drafters.generate import MEDUSA_CHOICES, DraftRun, eagle2_generate, eagle_generate, medusa_generate
+from specdec.drafters.eagle3 import load_feature_drafter, per_position_rates
+from specdec.drafters.generate import (
+    MEDUSA_CHOICES,
+    DraftRun,
+    eagle2_generate,
+    eagle_generate,
+    feature_drafter_generate,
+    medusa_generate,
+)
 from specdec.drafters.train import load_eagle, load_medusa
 from specdec.models import corpus, tokenizer
 from specdec.models.checkpoints import load_pair
@@ -30,6 +38,8 @@ from specdec.recording import SpeculativeEngine
 from specdec.tree import DEFAULT_CHOICES
 
 PROPOSERS = ("draft chain", "draft tree", "prompt lookup", "Medusa", "EAGLE chain", "EAGLE-2 tree")
+#: Notebook 13's feature drafters (``python -m specdec.bench.eagle3``): proposer -> the drafter it runs.
+FEATURE_PROPOSERS = {"MTP-style chain": "mtp", "fused chain": "fused", "EAGLE-3 chain": "eagle3"}
 GAMMA = 4
 
 
@@ -52,16 +62,32 @@ def run_one(name: str, models: dict, prompt: list[int], n_tokens: int) -> DraftR
         return eagle_generate(target, models["eagle"], prompt, n_tokens, GAMMA)
     if name == "EAGLE-2 tree":
         return eagle2_generate(target, models["eagle"], prompt, n_tokens)
+    if name in FEATURE_PROPOSERS:
+        return feature_drafter_generate(target, models[FEATURE_PROPOSERS[name]], prompt, n_tokens, GAMMA)
     raise ValueError(f"unknown proposer {name!r}")
 
 
-def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir: Path = DATA_DIR / "models",
-            progress=print) -> dict:
+def load_models(proposers, models_dir: Path, artifacts: Path) -> dict:
+    """The target, the draft engine and every self-drafter the proposers need."""
     target, draft = load_pair(models_dir)
-    models = {"target": target, "engine": SpeculativeEngine(target, draft),
-              "medusa": load_medusa(models_dir / "medusa.safetensors"), "eagle": load_eagle(models_dir / "eagle.safetensors")}
+    models = {"target": target, "engine": SpeculativeEngine(target, draft)}
+    if "Medusa" in proposers:
+        models["medusa"] = load_medusa(models_dir / "medusa.safetensors")
+    if {"EAGLE chain", "EAGLE-2 tree"} & set(proposers):
+        models["eagle"] = load_eagle(models_dir / "eagle.safetensors")
+    for name in set(proposers) & set(FEATURE_PROPOSERS):
+        key = FEATURE_PROPOSERS[name]
+        models[key] = load_feature_drafter(models_dir / "eagle3.safetensors" if key == "eagle3"
+                                           else artifacts / f"{key}.safetensors")
+    return models
+
+
+def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir: Path = DATA_DIR / "models",
+            progress=print, proposers: tuple[str, ...] = PROPOSERS,
+            artifacts: Path = Path("artifacts") / "drafters") -> dict:
+    models = load_models(proposers, models_dir, artifacts)
     rows, watch = [], LoadWatch(torch.get_num_threads())
-    methods = ("target only",) + PROPOSERS
+    methods = ("target only",) + tuple(proposers)
     for task, texts in (("code", corpus.code_prompts(n_prompts)), ("math", corpus.math_prompts(n_prompts))):
         prompts = [tokenizer.encode(t) for t in texts]
         walls = {m: [0.0] * repeats for m in methods}  # per repeat, summed over the prompts
@@ -75,7 +101,7 @@ def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir
                     runs[name].append(run)
             watch.sample()
         base = spread(walls["target only"])["median"]
-        for name in PROPOSERS:
+        for name in proposers:
             committed = [c for r in runs[name] for c in r.committed]
             target_s, draft_s = sum(r.target_s for r in runs[name]), sum(r.draft_s for r in runs[name])
             identical = all(r.tokens == b.tokens for r, b in zip(runs[name], runs["target only"]))
@@ -84,6 +110,8 @@ def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir
             times = spread(walls[name])
             row = {"task": task, "proposer": name, "tau": sum(committed) / len(committed), "rounds": len(committed),
                    "acceptance_by_position": [round(a, 3) for a in acceptance],
+                   "conditional_by_position": [None if a is None else round(a, 3)
+                                               for a in per_position_rates(committed, max(depth, 1))],
                    "c": draft_s / target_s if target_s else 0.0,
                    "speedup": base / times["median"], "speedup_min": base / times["max"],
                    "speedup_max": base / times["min"], "spread": times["spread"], "identical": identical}

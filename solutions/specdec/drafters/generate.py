@@ -18,6 +18,7 @@ import torch
 from specdec.chain import verify_drafts
 from specdec.drafters.dynamic_tree import expand_dynamic_tree
 from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
+from specdec.drafters.eagle3 import FeatureDrafter
 from specdec.drafters.medusa import MedusaHeads, medusa_candidates, medusa_head_logits
 from specdec.models.model import KVCache, Llama
 from specdec.params import GREEDY, SamplingParams, check_request
@@ -184,6 +185,47 @@ def eagle2_generate(target: Llama, drafter: EagleDrafter, prompt: list[int], n_t
         compact_cache(cache, start, path)
         run.draft_s, run.target_s = run.draft_s + t1 - t0, run.target_s + time.perf_counter() - t1
         pending = eagle_inputs(feats[0, path], torch.tensor([root] + committed))
+        tokens += committed
+        run.committed.append(len(committed))
+        root = committed[-1]
+    run.tokens, run.wall_s = tokens[:n_tokens], time.perf_counter() - start_time
+    return run
+
+
+@torch.inference_mode()
+def feature_drafter_generate(target: Llama, drafter: FeatureDrafter, prompt: list[int], n_tokens: int, gamma: int = 4,
+                             params: SamplingParams = GREEDY, generator: torch.Generator | None = None) -> DraftRun:
+    """MTP-style and EAGLE-3-style drafting (notebook 13): ``eagle_generate``'s loop, with the drafter's fusion of
+    the target's tapped layers as the true features and its own head (its draft vocabulary) for the drafts.
+    Exact: each draft is verified against the q it was drawn from."""
+    _check(target, prompt, n_tokens, gamma + 1)
+    taps = drafter.config.taps
+    start_time = time.perf_counter()
+    cache = KVCache(target.config)
+    logits, _, tapped = target(torch.tensor([prompt]), cache, taps=taps)
+    root = int(sample(params.probs(logits[0, -1]), generator))
+    d_cache, run, tokens = drafter.new_cache(), DraftRun([]), [root]
+    pending = eagle_inputs(drafter.fuse(tapped[0]), torch.tensor(prompt + [root]))  # true (feature, next token) pairs
+    while len(tokens) < n_tokens:
+        t0 = time.perf_counter()
+        out = drafter(pending[0][None], pending[1][None], target, d_cache)[0, -1]  # step 1 from a true feature
+        kept = d_cache.length
+        drafts, q_rows = [], []
+        for j in range(gamma):
+            if j:  # step j + 1 reads the drafter's own output and its last draft
+                out = drafter(out.view(1, 1, -1), torch.tensor([[drafts[-1]]]), target, d_cache)[0, -1]
+            token, q = _draft_logits_to_token(drafter.logits(out), params, generator)
+            drafts.append(token)
+            q_rows.append(q)
+        d_cache.crop(kept)
+        t1 = time.perf_counter()
+        P = len(prompt) + len(tokens)
+        logits, _, tapped = target(torch.tensor([[root] + drafts]), cache, taps=taps)
+        committed = verify_drafts(drafts, torch.stack(q_rows), logits[0], params, generator)
+        k = len(committed) - 1
+        cache.crop(P + k)
+        run.draft_s, run.target_s = run.draft_s + t1 - t0, run.target_s + time.perf_counter() - t1
+        pending = eagle_inputs(drafter.fuse(tapped[0, : k + 1]), torch.tensor([root] + committed))
         tokens += committed
         run.committed.append(len(committed))
         root = committed[-1]

@@ -12,11 +12,19 @@ labels:
   against the target's distribution at t + 1 (the EAGLE paper's two terms and weights). Features are the
   LM head's input (after the target's final norm), as in EAGLE's released code.
 
-    python -m specdec.drafters.train          # or: make heads
+- **MTP-style and EAGLE-3-style** (notebook 13, :mod:`specdec.drafters.eagle3`): small feature drafters trained
+  with the token loss only; the MTP-style one reads the top layer and learns one step ahead, the EAGLE-3-style
+  one fuses a low, a middle and the top layer and learns with training-time test. Only the EAGLE-3-style
+  drafter ships (``eagle3.safetensors``); the MTP-style one and the ablation (fused, no training-time test)
+  go to ``artifacts/drafters/`` for ``python -m specdec.bench.eagle3``.
+
+    python -m specdec.drafters.train                 # or: make heads
+    python -m specdec.drafters.train --only eagle3   # the notebook-13 drafters alone
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import time
@@ -28,12 +36,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.eagle3 import FeatureDrafterConfig, frequent_tokens, save_feature_drafter, train_feature_drafter
 from specdec.drafters.medusa import MedusaHeads
 from specdec.models import corpus, tokenizer
 from specdec.models.cards import write_model_card
 from specdec.models.checkpoints import load
 from specdec.models.model import KVCache, Llama, LlamaConfig
-from specdec.paths import DATA_DIR
+from specdec.paths import DATA_DIR, REPO_ROOT
 
 MEDUSA_DECAY = 0.8  # weight of head k: 0.8^k (Medusa-1)
 EAGLE_CLS_WEIGHT = 0.1  # EAGLE: L = L_reg + 0.1 L_cls
@@ -159,31 +168,71 @@ def load_eagle(path: Path | str = DATA_DIR / "models" / "eagle.safetensors") -> 
     return drafter.eval()
 
 
-def main(folder: Path = DATA_DIR / "models", sequences: int = 384, steps: int = 500) -> int:
+#: Notebook 13's feature drafters: name -> (taps, training-time-test steps). Only "eagle3" ships.
+FEATURE_DRAFTERS = {"mtp": ((4,), 1), "fused": ((1, 2, 4), 1), "eagle3": ((1, 2, 4), 4)}
+DRAFT_VOCAB = 64  # EAGLE-3's reduced draft vocabulary, scaled: a quarter of the 256 byte ids (the most frequent ones)
+
+
+def train_feature_drafters(target: Llama, text: torch.Tensor, logits: torch.Tensor, steps: int, folder: Path,
+                           log: dict, common: dict, artifacts: Path = REPO_ROOT / "artifacts" / "drafters") -> None:
+    """Notebook 13's drafters (FEATURE_DRAFTERS) on the same text; eagle3 into ``folder``, the others into ``artifacts``."""
+    draft_vocab = frequent_tokens(text, DRAFT_VOCAB)
+    coverage = float(torch.isin(text, torch.tensor(draft_vocab)).float().mean())
+    for name, (taps, ttt_steps) in FEATURE_DRAFTERS.items():
+        with torch.inference_mode():
+            tapped = torch.cat([target(text[i : i + 32], taps=taps)[2] for i in range(0, len(text), 32)])
+        config = FeatureDrafterConfig(target.config.d_model, target.config.vocab_size, taps, draft_vocab,
+                                      max_seq_len=target.config.max_seq_len)
+        start = time.perf_counter()
+        drafter, losses = train_feature_drafter(target, text, logits, tapped, config, steps, ttt_steps, batch_size=32)
+        seconds = time.perf_counter() - start
+        path = folder / "eagle3.safetensors" if name == "eagle3" else artifacts / f"{name}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_feature_drafter(drafter, path, {"ttt_steps": ttt_steps})
+        log[name] = {**common, "params": sum(p.numel() for p in drafter.parameters()), "steps": steps, "batch_size": 32,
+                     "taps": list(taps), "ttt_steps": ttt_steps, "draft_vocab": len(draft_vocab),
+                     "draft_vocab_coverage": round(coverage, 4), "train_seconds": round(seconds), "losses": losses}
+        print(f"{name}: {log[name]['params']:,} parameters, taps {taps}, {ttt_steps} TTT step(s), "
+              f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min -> {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Train the self-drafters on the frozen, shipped target.")
+    parser.add_argument("--only", choices=("medusa", "eagle", "eagle3"), help="train one of them (eagle3: notebook 13's)")
+    parser.add_argument("--sequences", type=int, default=384)
+    parser.add_argument("--steps", type=int, default=500)
+    args = parser.parse_args(argv)
+    folder = DATA_DIR / "models"
     target = load(folder / "target.safetensors")
-    log: dict = {}
+    log_path = folder / "heads_log.json"
+    log: dict = json.loads(log_path.read_text()) if args.only and log_path.exists() else {}
     start = time.perf_counter()
-    text = self_distillation_text(target, sequences, prompt_len=64, new_tokens=128)
+    text = self_distillation_text(target, args.sequences, prompt_len=64, new_tokens=128)
     logits, features = target_labels(target, text)
     data_s = time.perf_counter() - start
     print(f"self-distillation text: {tuple(text.shape)} tokens from the target in {data_s:.0f} s")
-    common = {"sequences": sequences, "tokens": text.numel(), "data_seconds": round(data_s),
+    common = {"sequences": args.sequences, "tokens": text.numel(), "data_seconds": round(data_s),
               "threads": torch.get_num_threads()}
-    start = time.perf_counter()
-    heads, losses = train_medusa(target, text, logits, features, steps)
-    seconds = time.perf_counter() - start
-    save_heads(heads, folder / "medusa.safetensors", {"num_heads": heads.num_heads})
-    log["medusa"] = {**common, "params": sum(p.numel() for p in heads.parameters()), "steps": steps, "batch_size": 16,
-                     "train_seconds": round(seconds), "losses": losses}
-    print(f"medusa: {log['medusa']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
-    start = time.perf_counter()
-    drafter, losses = train_eagle(target, text, logits, features, steps)
-    seconds = time.perf_counter() - start
-    save_heads(drafter, folder / "eagle.safetensors", {"config": target.config.to_dict()})
-    log["eagle"] = {**common, "params": sum(p.numel() for p in drafter.parameters()), "steps": steps, "batch_size": 16,
-                    "train_seconds": round(seconds), "losses": losses}
-    print(f"eagle: {log['eagle']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
-    (folder / "heads_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    steps = args.steps
+    if args.only in (None, "medusa"):
+        start = time.perf_counter()
+        heads, losses = train_medusa(target, text, logits, features, steps)
+        seconds = time.perf_counter() - start
+        save_heads(heads, folder / "medusa.safetensors", {"num_heads": heads.num_heads})
+        log["medusa"] = {**common, "params": sum(p.numel() for p in heads.parameters()), "steps": steps, "batch_size": 16,
+                         "train_seconds": round(seconds), "losses": losses}
+        print(f"medusa: {log['medusa']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
+    if args.only in (None, "eagle"):
+        start = time.perf_counter()
+        drafter, losses = train_eagle(target, text, logits, features, steps)
+        seconds = time.perf_counter() - start
+        save_heads(drafter, folder / "eagle.safetensors", {"config": target.config.to_dict()})
+        log["eagle"] = {**common, "params": sum(p.numel() for p in drafter.parameters()), "steps": steps, "batch_size": 16,
+                        "train_seconds": round(seconds), "losses": losses}
+        print(f"eagle: {log['eagle']['params']:,} parameters, loss {losses[0]:.3f} -> {losses[-1]:.3f}, {seconds / 60:.1f} min")
+    if args.only in (None, "eagle3"):
+        train_feature_drafters(target, text, logits, steps, folder, log, common)
+    log_path.write_text(json.dumps(log, indent=1) + "\n")
     plot_head_losses(log, folder / "heads_loss.png")
     write_model_card(json.loads((folder / "train_log.json").read_text()), folder)
     return 0
@@ -196,7 +245,9 @@ def plot_head_losses(log: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    labels = {"medusa": "Medusa heads (weighted soft CE over 4 heads)", "eagle": "EAGLE (smooth L1 + 0.1 soft CE)"}
+    labels = {"medusa": "Medusa heads (weighted soft CE over 4 heads)", "eagle": "EAGLE (smooth L1 + 0.1 soft CE)",
+              "mtp": "MTP-style (top layer, soft CE, 1 step)", "fused": "fused layers, soft CE, 1 step",
+              "eagle3": "EAGLE-3-style (fused layers, soft CE, 4 TTT steps)"}
     for name, entry in log.items():
         ax.plot(entry["losses"], label=f"{labels[name]}, {entry['params'] / 1e6:.2f}M")
     ax.set_xlabel("step")

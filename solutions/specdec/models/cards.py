@@ -84,10 +84,23 @@ def heads_card(folder: Path) -> str:
     log = json.loads(path.read_text())
     rows = []
     for name, e in log.items():
-        size = (folder / f"{name}.safetensors").stat().st_size / 1e6
-        rows.append(f"| {name} | {e['params'] / 1e6:.2f}M | {e['steps']} x {e['batch_size']} sequences | "
+        file = folder / f"{name}.safetensors"
+        size = f"{file.stat().st_size / 1e6:.1f} MB" if file.exists() else "not shipped"
+        unit = "windows" if "ttt_steps" in e else "sequences"
+        rows.append(f"| {name} | {e['params'] / 1e6:.2f}M | {e['steps']} x {e['batch_size']} {unit} | "
                     f"{e['train_seconds'] / 60:.1f} min on {e['threads']} threads | {e['losses'][0]:.3f} -> "
-                    f"{sum(e['losses'][-20:]) / len(e['losses'][-20:]):.3f} | {size:.1f} MB |")
+                    f"{sum(e['losses'][-20:]) / len(e['losses'][-20:]):.3f} | {size} |")
+    feature = log.get("eagle3")
+    notebook13 = "" if feature is None else f"""
+Notebook 13's feature drafters (`specdec/drafters/eagle3.py`, `python -m specdec.drafters.train --only eagle3`) are
+small (width 96, one layer of 2 query and 1 KV heads, d_ff 192) and trained with the token loss alone (soft
+cross-entropy against the target's distribution restricted to a draft vocabulary of the {feature['draft_vocab']} most
+frequent bytes, which cover {feature['draft_vocab_coverage']:.1%} of the text), on windows of 64 + 1 tokens, AdamW, lr 3e-3
+with warm-up and cosine decay. `mtp`: the top layer's residual stream, one step ahead (DeepSeek-V3's MTP
+objective); `fused`: the residual stream after layers 1, 2 and 4 fused by one projection, one step ahead;
+`eagle3`: fused the same way and trained with {feature['ttt_steps']} steps of training-time test. Only `eagle3` ships;
+the other two are written to `artifacts/drafters/` for `python -m specdec.bench.eagle3`.
+"""
     e = next(iter(log.values()))
     return f"""
 ## Self-drafters (notebook 12)
@@ -101,7 +114,7 @@ decoder layer of the target's shape (initialised from the target's last layer) a
 next-token embedding], trained with smooth L1 to the target's next feature + 0.1 x soft cross-entropy through
 the target's frozen LM head (features: the LM head's input, after the final norm). AdamW, lr 1e-3 with cosine
 decay.
-
+{notebook13}
 | drafter | parameters | steps | time | loss (first -> last 20) | file (bf16) |
 |---|---|---|---|---|---|
 {chr(10).join(rows)}

@@ -192,11 +192,13 @@ class Llama(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, return_hidden: bool = False):
+                mask: torch.Tensor | None = None, return_hidden: bool = False, taps: tuple[int, ...] = ()):
         """tokens (B, T); position_ids (T,) default cache.length + arange(T); mask (T, L) bool,
         True where a new position may attend (L = cached + T), default causal. With ``return_hidden``:
         (logits, features), the features (B, T, d) being the LM head's input, after the final norm (what
-        Medusa heads and the EAGLE drafter read, notebook 12)."""
+        Medusa heads and the EAGLE drafter read, notebook 12). With ``taps`` (layer counts in 1..n_layers):
+        (logits, features, tapped), tapped (B, T, len(taps) * d) the residual stream after each of those
+        layers, concatenated in the order given (what an EAGLE-3-style drafter fuses, notebook 13)."""
         B, T = tokens.shape
         start = cache.length if cache is not None else 0
         last = start + T - 1 if position_ids is None else int(position_ids.max())
@@ -206,13 +208,20 @@ class Llama(nn.Module):
             cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, hd)
         else:
             cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]
+        if any(not 1 <= t <= self.config.n_layers for t in taps):
+            raise ValueError(f"taps must be layer counts in 1..{self.config.n_layers}, got {taps}")
         x = self.embed_tokens(tokens)
+        tapped = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, cache, mask)
+            if i + 1 in taps:
+                tapped[i + 1] = x
         if cache is not None:
             cache.advance(T)
         features = self.norm(x)
         logits = self.lm_head(features)
+        if taps:
+            return logits, features, torch.cat([tapped[t] for t in taps], dim=-1)
         return (logits, features) if return_hidden else logits
 
     def num_params(self) -> int:
