@@ -182,3 +182,10 @@ def test_training_lowers_the_loss():
     _, losses = train_feature_drafter(target, text, logits, tapped, config, steps=30, ttt_steps=3, batch_size=4,
                                       window=12, lr=1e-2)
     assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_bench_says_which_drafter_to_train(tmp_path, capsys):
+    from specdec.bench import eagle3 as bench
+
+    assert bench.main(["--out", str(tmp_path), "--prompts", "1", "--tokens", "4", "--repeats", "1"]) == 2
+    assert "--only eagle3" in capsys.readouterr().err

@@ -124,27 +124,32 @@ def measure(n_prompts: int = 4, n_tokens: int = 96, repeats: int = 3, models_dir
                        "threads": torch.get_num_threads()}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per task")
-    parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=3)
+def main(argv: list[str] | None = None, proposers: tuple[str, ...] = PROPOSERS, name: str = "drafters",
+         notebook: str = "12", description: str | None = None, extra=None) -> int:
+    """The command line of this benchmark and of :mod:`specdec.bench.eagle3` (the same run over other proposers;
+    ``extra()`` returns fields added to the report)."""
+    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, math)")
+    parser.add_argument("--tokens", type=int, default=96, help="new tokens per prompt")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "drafters")
-    parser.add_argument("--notebook-reference", type=Path, metavar="JSON", help="write here instead (notebook 12's copy)")
+    parser.add_argument("--notebook-reference", type=Path, metavar="JSON",
+                        help=f"write here instead (notebook {notebook}'s copy)")
     args = parser.parse_args(argv)
     if min(args.prompts, args.tokens, args.repeats, args.threads) < 1:
         parser.error("--prompts, --tokens, --repeats and --threads must be >= 1")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     try:
-        report = measure(args.prompts, args.tokens, args.repeats)
+        report = measure(args.prompts, args.tokens, args.repeats, proposers=proposers, artifacts=args.out)
+        report.update(extra() if extra else {})
     except FileNotFoundError as error:
-        print(f"bench_drafters: {error}", file=sys.stderr)
+        print(f"bench.{name}: {error}", file=sys.stderr)
         return 2
     report["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {args.threads} CPU thread(s)"
     report["seconds"] = round(time.perf_counter() - start)
-    path = args.notebook_reference or args.out / "drafters.json"
+    path = args.notebook_reference or args.out / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {path} in {report['seconds']} s")

@@ -13,15 +13,11 @@ and what each drafter weighs.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 from pathlib import Path
 
-import torch
-
-from specdec.bench.drafters import FEATURE_PROPOSERS, measure
+from specdec.bench import drafters
+from specdec.bench.drafters import FEATURE_PROPOSERS
 from specdec.paths import DATA_DIR
 
 PROPOSERS = ("EAGLE chain", *FEATURE_PROPOSERS)
@@ -36,31 +32,8 @@ def drafter_sizes(models_dir: Path = DATA_DIR / "models") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, math)")
-    parser.add_argument("--tokens", type=int, default=96, help="new tokens per prompt")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("artifacts") / "drafters")
-    parser.add_argument("--notebook-reference", type=Path, metavar="JSON", help="write here instead (notebook 13's copy)")
-    args = parser.parse_args(argv)
-    if min(args.prompts, args.tokens, args.repeats, args.threads) < 1:
-        parser.error("--prompts, --tokens, --repeats and --threads must be >= 1")
-    torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    try:
-        report = measure(args.prompts, args.tokens, args.repeats, proposers=PROPOSERS)
-    except FileNotFoundError as error:
-        print(f"bench.eagle3: {error}", file=sys.stderr)
-        return 2
-    report["drafters"] = drafter_sizes()
-    report["measured_on"] = f"{time.strftime('%Y-%m-%d')}, {args.threads} CPU thread(s)"
-    report["seconds"] = round(time.perf_counter() - start)
-    path = args.notebook_reference or args.out / "eagle3.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path} in {report['seconds']} s")
-    return 0 if all(r["identical"] for r in report["rows"]) else 1
+    return drafters.main(argv, PROPOSERS, name="eagle3", notebook="13", description=__doc__.splitlines()[0],
+                         extra=lambda: {"drafters": drafter_sizes()})
 
 
 if __name__ == "__main__":
