@@ -325,6 +325,12 @@ def draft_propose(logits, params, generator=None):
     return _gumbel(q, generator), q  # Gumbel-max draws from q; at temperature 0 q is one-hot: the argmax
 
 
+def draft_propose_greedy_one_hot(logits, params, generator=None):
+    """The statement's other fix: keep greedy drafting, report the one-hot q the token is really drawn from."""
+    tokens = params.probs(logits).argmax(-1)
+    return tokens, torch.nn.functional.one_hot(tokens, logits.shape[-1]).to(torch.float64)
+
+
 def correction_token(p, q, generator=None):
     excess = (p - q).clamp_min(0)
     weights = torch.where(excess.sum(-1, keepdim=True) > 0, excess, p)
@@ -380,6 +386,7 @@ ALTERNATIVES = [
     (alpha_from_rate_coarse, analysis_checks.check_alpha_from_rate),
     (predicted_speedup, analysis_checks.check_predicted_speedup),
     (draft_propose, pitfall_checks.check_draft_propose),
+    (draft_propose_greedy_one_hot, pitfall_checks.check_draft_propose),
     (correction_token, pitfall_checks.check_correction_token),
     (bonus_token, pitfall_checks.check_bonus_token),
     (accepted_counts, pitfall_checks.check_accepted_counts),

@@ -51,6 +51,23 @@ def test_fused_kernel_equals_reference(B, gamma, V, block):
     assert ((tokens == PAD).sum(-1) == gamma + 1 - counts).all()
 
 
+def test_a_residual_of_zeros_falls_back_to_p():
+    """After a rejection where rounding leaves q >= p at every token, max(p - q, 0) is 0 everywhere: the kernel and
+    its reference then race on p, as notebook 04's verify_chain does, and never commit a token p gives 0."""
+    from specdec.checks.kernels import verify_cases
+
+    desc, args, block = verify_cases()[-1]
+    assert "residual of zeros" in desc
+    p, q, draft, u, e, greedy = args
+    for tokens, counts in (verify_chain_fused(*args, block_v=block), verify_chain_reference(*args)):
+        for row, position in ((0, 0), (1, 1)):
+            assert counts[row] == position + 1, "the draft at the zero-residual position must be rejected"
+            extra = int(tokens[row, position])
+            assert extra in (4, 7, 9) and p[row, position, extra] > 0, f"row {row} committed {extra}, p gives it 0"
+    weights = p[0, 0] / e[0]
+    assert int(verify_chain_reference(*args)[0][0, 0]) == int(weights.argmax())  # the race on p, same noise
+
+
 def test_reference_samples_the_exact_chain_distribution():
     """20,000 rows with the same p, q and draft but independent noise: the committed tuples
     follow notebook 04's exact outcome distribution (5 sigma per outcome)."""

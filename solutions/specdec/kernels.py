@@ -175,7 +175,8 @@ def verify_chain_reference(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor
     k = accept.long().cumprod(-1).sum(-1)  # (B,): accepted drafts
     p_k = p[rows, k]  # (B, V): the target row where the extra token comes from
     q_k = torch.cat([q, torch.zeros_like(q[:, :1])], 1)[rows, k]  # zero past the last draft: the bonus is p
-    weights = (p_k - q_k).clamp_min(0) / e  # (B, V)
+    excess = (p_k - q_k).clamp_min(0)  # (B, V)
+    weights = torch.where(excess.amax(-1, keepdim=True) > 0, excess, p_k) / e  # a residual of zeros: p itself
     extra = torch.where(greedy, p_k.argmax(-1), weights.argmax(-1))
     positions = torch.arange(gamma + 1, device=p.device)
     tokens = torch.where(positions < k[:, None], torch.cat([draft, draft[:, :1]], 1), PAD)
@@ -195,7 +196,8 @@ def verify_chain_kernel(p_ptr, q_ptr, draft_ptr, u_ptr, e_ptr, greedy_ptr, token
        of p[b, i] with the lowest index on ties (greedy rows).
     2. The extra token, one blocked pass over V: greedy rows take the argmax of p[b, k] (lowest index on ties);
        sampling rows the argmax of max(p[b, k] - q[b, k], 0) / e[b] after a rejection, and of
-       p[b, GAMMA] / e[b] (the bonus) when all GAMMA were accepted.
+       p[b, GAMMA] / e[b] (the bonus) when all GAMMA were accepted. A residual that is 0 everywhere (q >= p at
+       every token, as rounding can leave it) has nothing to sample: take the argmax of p[b, k] / e[b] instead.
     3. tokens[b] = the k accepted drafts, the extra token, then -1 up to GAMMA + 1 entries;
        counts[b] = k + 1. tokens (B, GAMMA + 1) and counts (B,) are int64.
     """
@@ -220,6 +222,7 @@ def verify_chain_kernel(p_ptr, q_ptr, draft_ptr, u_ptr, e_ptr, greedy_ptr, token
     residual = (k < GAMMA).to(tl.float32)  # 0 for the bonus: sample p[b, GAMMA] itself
     k_q = tl.minimum(k, GAMMA - 1)  # a valid row of q even when k == GAMMA
     best, extra = -float("inf"), 0
+    best_p, extra_p = -float("inf"), 0  # the race over p[b, k] / e[b]: the fallback for a residual of zeros
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         in_row = cols < V
@@ -229,6 +232,10 @@ def verify_chain_kernel(p_ptr, q_ptr, draft_ptr, u_ptr, e_ptr, greedy_ptr, token
         score = tl.where(in_row, tl.where(greedy, p_k, tl.maximum(p_k - q_k, 0.0) / e), -float("inf"))
         extra = tl.where(tl.max(score, 0) > best, tl.argmax(score, 0) + start, extra)
         best = tl.maximum(best, tl.max(score, 0))
+        score_p = tl.where(in_row, p_k / e, -float("inf"))
+        extra_p = tl.where(tl.max(score_p, 0) > best_p, tl.argmax(score_p, 0) + start, extra_p)
+        best_p = tl.maximum(best_p, tl.max(score_p, 0))
+    extra = tl.where(greedy | (best > 0), extra, extra_p)
     for i in tl.static_range(GAMMA):
         y = tl.load(draft_ptr + b * GAMMA + i)
         tl.store(tokens_ptr + b * (GAMMA + 1) + i, tl.where(i < k, y, tl.where(i == k, extra, -1)))

@@ -21,7 +21,8 @@ from specdec.params import SamplingParams
 def draft_propose(logits: torch.Tensor, params: SamplingParams,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, V) draft logits -> (tokens (B,), q (B, V)): the draft's token per row and the
-    distribution it was actually drawn from (here: params.probs(logits), one-hot when greedy)."""
+    distribution it was actually drawn from. Either fix passes: sample from params.probs(logits) and return it
+    (one-hot when greedy), or keep greedy drafting and return a one-hot q at each row's argmax."""
     ### BEGIN SOLUTION
     q = params.probs(logits)
     if params.temperature == 0:

@@ -289,6 +289,17 @@ def verify_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
                   verify_inputs(5, 4, 48, 5), 16))
     cases += [(f"B = 9, gamma = 4, V = 1000, BLOCK_V = 128, random (seed {s})", verify_inputs(9, 4, 1000, s), 128)
               for s in (6, 7)]
+    p, q, draft, u, e, greedy = verify_inputs(3, 2, 12, 8)  # sampling rows whose residual is 0 everywhere
+    greedy[:] = False
+    for row, position in ((0, 0), (1, 1)):
+        target = torch.zeros(12).index_put((torch.tensor([4, 7, 9]),), torch.tensor([0.25, 0.25, 0.5]))
+        p[row, position], q[row, position] = target, target.clone()
+        q[row, position, 9] += 2.0**-20  # q >= p at every token: max(p - q, 0) is exactly 0, yet p(9) < q(9)
+        draft[row, : position + 1] = 9
+        u[row, : position + 1] = 0.999999  # u * q(9) > p(9): rejected (a draft before it is accepted: p = q there)
+        p[row, :position] = q[row, :position]
+    cases.append(("sampling rows rejected where q >= p at every token (a residual of zeros: p(0) = 0), V = 12, "
+                  "BLOCK_V = 8", (p, q, draft, u, e, greedy), 8))
     return cases
 
 

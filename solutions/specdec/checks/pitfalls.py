@@ -65,8 +65,12 @@ def check_draft_propose(fn: Callable) -> None:
         want_q = params.probs(logits).double()
         for r in range(2):
             rows = slice(r * 3000, (r + 1) * 3000)
+            best = int(want_q[r].argmax())
+            if torch.equal(q[rows], torch.eye(7, dtype=q.dtype)[best].expand(3000, -1)) and bool((tokens[rows] == best).all()):
+                continue  # the statement's other fix: keep greedy drafting and report the one-hot q it draws from
             if not torch.allclose(q[rows], want_q[r].expand(3000, -1), atol=1e-6):
                 raise CheckFailure(f"{label}: row {r * 3000}'s q should be params.probs of its own logits "
+                                   f"(or, if you keep greedy drafting, one-hot at its argmax {best}) "
                                    f"{[round(x, 4) for x in want_q[r].tolist()]}, "
                                    f"got {[round(x, 4) for x in q[r * 3000].tolist()]}"
                                    + (": at temperature 0 that is one-hot at the argmax, the distribution a greedy "

@@ -112,6 +112,10 @@ MISTAKES = [
              "on tied probabilities keep the earlier block (>, not >=): the target's argmax is the lowest index",
              ("best_col = tl.where(tl.max(probs, 0) > best", "best_col = tl.where(tl.max(probs, 0) >= best")),
     _mistake(kernels.verify_chain_kernel, "off_by_one_mask", _OFF_BY_ONE, ("in_row = cols < V", "in_row = cols <= V")),
+    _mistake(kernels.verify_chain_kernel, "no_zero_residual_fallback",
+             "after a rejection whose residual max(p - q, 0) is 0 everywhere (q >= p at every token, by rounding), "
+             "the argmax of zeros is token 0 whatever p says: fall back to p (the argmax of p / e)",
+             ("extra = tl.where(greedy | (best > 0), extra, extra_p)", "extra = tl.where(greedy, extra, extra)")),
     # -- tree_attention_kernel
     _mistake(kernels.tree_attention_kernel, "mask_after_softmax",
              "mask the scores (to -inf) before exp: zeroing the weights of hidden keys afterwards leaves them in the "
