@@ -106,6 +106,7 @@ def verify_chain_kernel(p_ptr, q_ptr, draft_ptr, u_ptr, e_ptr, greedy_ptr, token
     after_rejection = k < GAMMA
     q_k = tl.where(after_rejection, k, 0)
     top, extra = -float("inf"), V
+    top_p, extra_p = -float("inf"), V  # the race on p itself, for a residual that is 0 everywhere
     for start in range(0, V, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
         inside = cols < V
@@ -118,6 +119,12 @@ def verify_chain_kernel(p_ptr, q_ptr, draft_ptr, u_ptr, e_ptr, greedy_ptr, token
         first = tl.min(tl.where(inside & (score == block_top), cols, V), 0)
         extra = tl.where(block_top > top, first, extra)
         top = tl.maximum(top, block_top)
+        p_score = tl.where(inside, p_row / noise, -float("inf"))
+        block_top_p = tl.max(p_score, 0)
+        first_p = tl.min(tl.where(inside & (p_score == block_top_p), cols, V), 0)
+        extra_p = tl.where(block_top_p > top_p, first_p, extra_p)
+        top_p = tl.maximum(top_p, block_top_p)
+    extra = tl.where(is_greedy | (top > 0), extra, extra_p)
     for i in tl.static_range(GAMMA + 1):
         if i < GAMMA:
             token = tl.load(draft_ptr + b * GAMMA + i)
