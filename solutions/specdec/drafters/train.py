@@ -178,9 +178,12 @@ def train_feature_drafters(target: Llama, text: torch.Tensor, logits: torch.Tens
     """Notebook 13's drafters (FEATURE_DRAFTERS) on the same text; eagle3 into ``folder``, the others into ``artifacts``."""
     draft_vocab = frequent_tokens(text, DRAFT_VOCAB)
     coverage = float(torch.isin(text, torch.tensor(draft_vocab)).float().mean())
+    every_tap = sorted({t for taps, _ in FEATURE_DRAFTERS.values() for t in taps})
+    with torch.inference_mode():  # the target's residual stream at every tap, once for all drafters
+        streams = torch.cat([target(text[i : i + 32], taps=tuple(every_tap))[2] for i in range(0, len(text), 32)])
+    d = target.config.d_model
     for name, (taps, ttt_steps) in FEATURE_DRAFTERS.items():
-        with torch.inference_mode():
-            tapped = torch.cat([target(text[i : i + 32], taps=taps)[2] for i in range(0, len(text), 32)])
+        tapped = torch.cat([streams[..., every_tap.index(t) * d : (every_tap.index(t) + 1) * d] for t in taps], -1)
         config = FeatureDrafterConfig(target.config.d_model, target.config.vocab_size, taps, draft_vocab,
                                       max_seq_len=target.config.max_seq_len)
         start = time.perf_counter()
