@@ -33,6 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from specdec.metrics import acceptance_metrics
 from specdec.models.model import Block, KVCache, Llama, LlamaConfig, RMSNorm, rope_tables
 
 
@@ -196,11 +197,6 @@ def load_feature_drafter(path: Path | str) -> FeatureDrafter:
 
 
 def per_position_rates(committed: Sequence[int], gamma: int) -> list[float | None]:
-    """Conditional acceptance at draft positions 1..gamma from a chain's committed counts per round:
-    rounds that accepted draft i over rounds that reached it (accepted drafts 1..i-1)."""
-    accepted = [c - 1 for c in committed]
-    rates = []
-    for i in range(gamma):
-        reached = sum(a >= i for a in accepted)
-        rates.append(sum(a > i for a in accepted) / reached if reached else None)
-    return rates
+    """Conditional acceptance at draft positions 1..gamma from a chain's committed counts per round (accepted
+    drafts + 1): :func:`specdec.metrics.acceptance_metrics`' per-position rates."""
+    return acceptance_metrics([c - 1 for c in committed], [gamma] * len(committed))["per_position"]
