@@ -16,6 +16,7 @@ PIP_ARGS ?=
 .PHONY: help setup lab test nbval test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
+	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine)"
 	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"

@@ -19,7 +19,7 @@ def models(tmp_path):
 
 def test_bench_writes_results(models, tmp_path, capsys):
     out = tmp_path / "out"
-    args = ["--models", str(models), "--gammas", "1", "3", "--prompts", "1", "--tokens", "8", "--repeats", "1",
+    args = ["--models", str(models), "--gammas", "1", "3", "--num-prompts", "1", "--tokens", "8", "--repeats", "1",
             "--out", str(out)]
     assert main(args) == 0
     summary = json.loads((out / "bench.json").read_text())
@@ -51,7 +51,7 @@ def test_bench_prompt_longer_than_context(tmp_path, capsys):
     config = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
     for name in ("target", "draft"):
         save(Llama(config), tmp_path / "m" / f"{name}.safetensors")
-    assert main(["--models", str(tmp_path / "m"), "--prompts", "1", "--tokens", "8", "--out", str(tmp_path / "o")]) == 2
+    assert main(["--models", str(tmp_path / "m"), "--num-prompts", "1", "--tokens", "8", "--out", str(tmp_path / "o")]) == 2
     assert "exceed the target's context of 64" in capsys.readouterr().err
 
 
@@ -222,3 +222,14 @@ def test_shipped_serving_measurement_backs_notebook_11s_reading():
     assert closed_on[1] > 1.3 and all(closed_on[b] > 1.0 for b in (2, 4, 8, 16, 32, 64, 256))
     assert closed["crossover"]["on"] == 128 and closed_on[128] < 0.9 and closed_on[256] > 1.1
     assert not any("busy" in w for report in (shipped, closed) for w in report["machine"]["warnings"])
+
+
+def test_help_describes_both_modes_and_a_misplaced_option_is_named(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "--num-prompts" in text and "--gammas" in text  # mode 1
+    assert "--target" in text and "code, math, or a file" in text and "--dtype" in text  # mode 2
+    with pytest.raises(SystemExit):
+        main(["--prompts", "code"])
+    assert "needs --target" in capsys.readouterr().err

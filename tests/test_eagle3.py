@@ -187,5 +187,5 @@ def test_training_lowers_the_loss():
 def test_bench_says_which_drafter_to_train(tmp_path, capsys):
     from specdec.bench import eagle3 as bench
 
-    assert bench.main(["--out", str(tmp_path), "--prompts", "1", "--tokens", "4", "--repeats", "1"]) == 2
+    assert bench.main(["--out", str(tmp_path), "--num-prompts", "1", "--tokens", "4", "--repeats", "1"]) == 2
     assert "--only eagle3" in capsys.readouterr().err

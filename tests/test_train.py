@@ -1,5 +1,7 @@
 """A short training run learns, and checkpoints round-trip."""
 
+import json
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from specdec.models import corpus, tokenizer
 from specdec.models.checkpoints import load, save
 from specdec.models.model import Llama, LlamaConfig
 from specdec.models.train import train
+from specdec.paths import DATA_DIR, REPO_ROOT
 
 TINY = LlamaConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
 
@@ -23,8 +26,27 @@ def test_corpus_is_deterministic_and_split():
     assert "The answer is" in corpus.math_text(1)
     prompts = corpus.math_prompts(3)
     assert all(p.endswith("Answer:") for p in prompts)
-    files = corpus.stdlib_files()
-    assert files and any(corpus.is_held_out(f) for f in files) and not all(corpus.is_held_out(f) for f in files)
+
+
+def test_code_corpus_is_the_pinned_snapshot():
+    """The code text comes from data/corpus/, never from the running interpreter: its files are in path
+    order, ASCII, held out by the name hash, and the training text is cut where the models' text was."""
+    files = corpus.source_files()
+    assert [f.path for f in files] == sorted(f.path for f in files)
+    assert all(f.text.isascii() and f.held_out == corpus.is_held_out(f.path) for f in files)
+    assert sum(f.held_out for f in files) == 84 and len(files) == 360
+    assert len(corpus.code_text(4_000_000)) == 4_000_000
+    assert corpus.code_text(400_000) == corpus.code_text(4_000_000)[:400_000]
+    with pytest.raises(ValueError, match="training code"):
+        corpus.code_text(5_000_000)
+    first = json.loads((DATA_DIR / "prompts" / "code.jsonl").read_text().splitlines()[0])["prompt"]
+    assert corpus.code_prompts(1) == [first] and first.startswith("def run(main, *, debug=None):")
+
+
+def test_no_module_reads_the_interpreters_library():
+    for path in (REPO_ROOT / "solutions" / "specdec").rglob("*.py"):
+        source = path.read_text()
+        assert "sysconfig" not in source and "stdlib_files" not in source, f"{path} reads the interpreter's library"
 
 
 def test_short_training_run_learns_and_saves(tmp_path):

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None, proposers: tuple[str, ...] = PROPOSERS, 
     """The command line of this benchmark and of :mod:`specdec.bench.eagle3` (the same run over other proposers;
     ``extra()`` returns fields added to the report)."""
     parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, math)")
+    parser.add_argument("--num-prompts", type=int, default=4, help="prompts per task (code, math)")
     parser.add_argument("--tokens", type=int, default=96, help="new tokens per prompt")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats")
     parser.add_argument("--threads", type=int, default=1)
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None, proposers: tuple[str, ...] = PROPOSERS, 
     parser.add_argument("--notebook-reference", type=Path, metavar="JSON",
                         help=f"write here instead (notebook {notebook}'s copy)")
     args = parser.parse_args(argv)
-    if min(args.prompts, args.tokens, args.repeats, args.threads) < 1:
-        parser.error("--prompts, --tokens, --repeats and --threads must be >= 1")
+    if min(args.num_prompts, args.tokens, args.repeats, args.threads) < 1:
+        parser.error("--num-prompts, --tokens, --repeats and --threads must be >= 1")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     try:
-        report = measure(args.prompts, args.tokens, args.repeats, proposers=proposers, artifacts=args.out)
+        report = measure(args.num_prompts, args.tokens, args.repeats, proposers=proposers, artifacts=args.out)
         report.update(extra() if extra else {})
     except FileNotFoundError as error:
         print(f"bench.{name}: {error}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Speculative decoding on any Hugging Face pair: ``python -m specdec.bench.speculative --target T --draft D``.
+"""Speculative decoding on any Hugging Face pair: ``python -m specdec.bench --target T --draft D``.
 
 T and D are local model folders or hub names (``make hf-models`` writes the course's own
 checkpoints as folders). Per prompt, batch 1, greedy, each method generating the same number of
@@ -175,8 +175,9 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench.speculative --target ... --draft ...",
+def build_parser() -> argparse.ArgumentParser:
+    """The options of the Hugging Face mode (``python -m specdec.bench --target T [--draft D]``)."""
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench --target T [--draft D]",
                                      description="Speculative decoding on a Hugging Face target/draft pair.")
     parser.add_argument("--target", required=True, help="local model folder or hub name (e.g. Qwen/Qwen2.5-1.5B)")
     parser.add_argument("--draft", help="local model folder or hub name sharing the target's tokenizer (without: "
@@ -193,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for torch")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' own generate")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("num_prompts", "tokens", "gamma", "threads", "repeats"):
         if getattr(args, name) < 1:

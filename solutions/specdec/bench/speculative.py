@@ -22,7 +22,7 @@ run; a busy machine or a spread over 10% prints a warning and records it (``mach
 ``speedup`` includes the prompt's prefill (the same in both), ``decode_speedup`` does not.
 Writes bench.json, bench.csv and bench.png (to --out) and reports peak memory.
 
-``python -m specdec.bench.speculative --target T --draft D --prompts code|math|FILE`` runs the loop on any
+``python -m specdec.bench --target T --draft D --prompts code|math|FILE`` runs the loop on any
 Hugging Face pair instead (:mod:`specdec.bench.pretrained`).
 """
 
@@ -407,13 +407,20 @@ def main(argv: list[str] | None = None) -> int:
         from specdec.bench.pretrained import main as bench_pretrained
 
         return bench_pretrained(argv)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="With --target and --draft (local folders or hub names): the same loop on "
-                                            "a Hugging Face pair; see python -m specdec.bench.speculative "
-                                            "--target x --draft y -h.")
+    from specdec.bench.pretrained import build_parser as hf_parser
+
+    hf_options = hf_parser().format_help().split("show this help message and exit", 1)[1]
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec.bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Benchmark speculative decoding (not a test), in one of two modes:\n"
+                    "  1. the course's shipped checkpoints (data/models/), both tasks, every proposer, a sweep of gamma:\n"
+                    "       python -m specdec.bench [--num-prompts N] [--gammas G ...] [--hf] ...  (options below)\n"
+                    "  2. any Hugging Face pair, chosen by --target (and --draft):\n"
+                    "       python -m specdec.bench --target T [--draft D] [--prompts code|math|FILE] [--num-prompts N]",
+        epilog=f"options of mode 2 (with --target):{hf_options}")
     parser.add_argument("--models", type=Path, default=DATA_DIR / "models", help="folder with target/draft.safetensors")
-    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5, 6])
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per task")
+    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 3, 4, 5, 6], help="draft lengths to sweep")
+    parser.add_argument("--num-prompts", type=int, default=8, help="prompts per task (code and math)")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per prompt and method, interleaved; the median counts, min and max are kept")
@@ -423,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook-reference", type=Path, metavar="JSON",
                         help="instead: run notebook 09's full sweep and write its summary here "
                              "(the course ships data/bench/nb09_full.json)")
+    if any(arg.split("=")[0] == "--prompts" for arg in argv):
+        parser.error("--prompts (code, math or a FILE) chooses a Hugging Face pair's prompts and needs --target; "
+                     "the shipped checkpoints always run both tasks: --num-prompts N sets how many per task")
     args = parser.parse_args(argv)
     if args.notebook_reference:
         torch.set_num_threads(args.threads)
@@ -440,19 +450,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if any(g < 1 for g in args.gammas):
         parser.error(f"every gamma must be >= 1, got {args.gammas}")
-    for name in ("prompts", "tokens", "repeats", "threads"):
+    for name in ("num_prompts", "tokens", "repeats", "threads"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     torch.set_num_threads(args.threads)
     try:
-        rows, costs, machine = run(args.models, args.gammas, args.prompts, args.tokens, args.repeats, args.hf)
+        rows, costs, machine = run(args.models, args.gammas, args.num_prompts, args.tokens, args.repeats, args.hf)
     except (FileNotFoundError, ValueError) as error:
         print(f"bench: {error}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     report = {"rows": rows, "costs": costs, "machine": machine, "peak_rss_mib": round(peak_mib, 1),
-              "threads": args.threads, "prompts_per_task": args.prompts, "tokens": args.tokens, "repeats": args.repeats}
+              "threads": args.threads, "prompts_per_task": args.num_prompts, "tokens": args.tokens, "repeats": args.repeats}
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
     with open(args.out / "bench.csv", "w", newline="") as f:
         flat = [{k: v for k, v in r.items() if k != "fit"} | {f"fit_{k}": v for k, v in r.get("fit", {}).items()}

@@ -43,9 +43,10 @@ into a Hugging Face `LlamaForCausalLM` with the same logits (`tests/test_hf.py`)
 
 Half of every batch is code, half math (`specdec/models/corpus.py`):
 
-- **code**: this interpreter's standard library source (ASCII `.py` files, test and demo
-  packages skipped), read at training time and never committed. One file in ten, chosen by a
-  hash of its name, is held out: the code prompts and the held-out loss come from those.
+- **code**: CPython 3.11.7's standard library source (ASCII `.py` files, test and demo
+  packages skipped), pinned in `data/corpus/` (0.8 MB, xz) so every Python reads the same text.
+  One file in ten, chosen by a hash of its name, is held out: the code prompts and the held-out
+  loss come from those.
 - **math**: step-by-step arithmetic word problems from the course's generator (seed 0 for
   training; the prompts use another seed, `data/prompts/math.jsonl`).
 
@@ -69,8 +70,7 @@ target's own entropy), its held-out losses are ordinary next-byte cross-entropy.
 `make models` (or `python -m specdec.models.train`) rewrites `target.safetensors`, `draft.safetensors`,
 `draft_undistilled.safetensors`,
 `train_log.json`, `loss.png` and this card. `--only draft` re-distils the draft from the target in
-this folder; `--only draft_undistilled` trains the control. With the same seed, Python version \
-(the standard library is the code data), torch
+this folder; `--only draft_undistilled` trains the control. With the same seed, torch
 version and thread count, the weights come out the same.
 """
     (folder / "README.md").write_text(card + heads_card(folder))

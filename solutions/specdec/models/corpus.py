@@ -1,7 +1,9 @@
 """The two tasks' text, made here and deterministic: no downloads.
 
-- code: Python source from this interpreter's standard library, in a fixed order. Files
-  are split into train and held-out by a hash of their path, so prompts are unseen.
+- code: Python source from CPython 3.11.7's standard library, pinned as a snapshot in
+  ``data/corpus/`` (the models were trained and evaluated on it), so prompts, measurements
+  and tests are the same on every Python. Files are split into train and held-out by a hash
+  of their name, so prompts are unseen. ``data/corpus/README.md`` says how it was made.
 - math: step-by-step arithmetic word problems from the course's own generator.
 
 ``python -m specdec.models.corpus`` writes the held-out prompt sets to data/prompts/.
@@ -11,48 +13,54 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import random
-import sysconfig
 import zlib
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from specdec.paths import DATA_DIR
 
-_SKIP_DIRS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "ensurepip", "__pycache__"}
+#: The pinned source: one JSON line per file, {"path", "held_out", "text"}, ASCII files only, in
+#: stdlib-relative path order; training files up to the first 4,000,000 characters, every held-out file.
+SNAPSHOT = DATA_DIR / "corpus" / "stdlib-3.11.7.jsonl.xz"
 
 
-def stdlib_files() -> list[Path]:
-    """The standard library's .py files, sorted by path relative to the stdlib root."""
-    return list(_stdlib_files())
+@dataclass(frozen=True)
+class SourceFile:
+    path: str  # relative to the standard library's root, e.g. "json/decoder.py"
+    held_out: bool
+    text: str
 
 
 @cache
-def _stdlib_files() -> tuple[Path, ...]:  # walked once per process: code_prompts is called by many checks
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if not _SKIP_DIRS & set(p.relative_to(root).parts)]
-    return tuple(sorted(files, key=lambda p: p.relative_to(root).as_posix()))
+def source_files() -> tuple[SourceFile, ...]:
+    """The snapshot's files, in order (read once per process: code_prompts is called by many checks)."""
+    if not SNAPSHOT.exists():
+        raise FileNotFoundError(f"the code corpus snapshot is missing at {SNAPSHOT}; restore it from git")
+    lines = lzma.decompress(SNAPSHOT.read_bytes()).decode("ascii").splitlines()
+    return tuple(SourceFile(**json.loads(line)) for line in lines)
 
 
-def is_held_out(path: Path) -> bool:
+def is_held_out(path: str | Path) -> bool:
     """One file in ten, chosen by a hash of its name (stable across machines)."""
-    return zlib.crc32(path.name.encode()) % 10 == 0
+    return zlib.crc32(Path(path).name.encode()) % 10 == 0
 
 
 def code_text(max_bytes: int, held_out: bool = False) -> str:
-    """Concatenated standard-library source (ASCII files only), up to max_bytes."""
+    """Concatenated source of the training (or held-out) files, up to max_bytes."""
     parts, size = [], 0
-    for path in stdlib_files():
-        if is_held_out(path) != held_out:
+    for file in source_files():
+        if file.held_out != held_out:
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not text.isascii():
-            continue
-        parts.append(text)
-        size += len(text)
+        parts.append(file.text)
+        size += len(file.text)
         if size >= max_bytes:
-            break
-    return "\n".join(parts)[:max_bytes]
+            return "\n".join(parts)[:max_bytes]
+    if not held_out:
+        raise ValueError(f"the snapshot holds {size:,} characters of training code; {max_bytes:,} were asked for")
+    return "\n".join(parts)
 
 
 _NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Iris", "Jon", "Kai", "Lena", "Mia", "Noor"]
@@ -99,13 +107,10 @@ def math_prompts(n: int, seed: int = 1_000_003) -> list[str]:
 def code_prompts(n: int, length: int = 160) -> list[str]:
     """Held-out code: the first `length` characters of functions from held-out files."""
     prompts = []
-    for path in stdlib_files():
-        if not is_held_out(path):
+    for file in source_files():
+        if not file.held_out:
             continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not text.isascii():
-            continue
-        for chunk in text.split("\ndef ")[1:]:
+        for chunk in file.text.split("\ndef ")[1:]:
             if len(chunk) > length + 100:
                 prompts.append("def " + chunk[:length])
                 break  # one per file, for variety

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, folder in export_course_models(args.out, args.models).items():
         size = sum(f.stat().st_size for f in folder.iterdir()) / 2**20
         print(f"{name}: {folder}/ ({size:.1f} MiB)")
-    print(f"try: python -m specdec.bench.speculative --target {args.out}/target --draft {args.out}/draft --prompts code")
+    print(f"try: python -m specdec.bench --target {args.out}/target --draft {args.out}/draft --prompts code")
     return 0
 
 

@@ -256,7 +256,7 @@ def locate(name_or_path: str) -> tuple[str, bool]:
         f"{name_or_path!r} could not be found locally (not a folder here, not in the Hugging Face cache) and the hub "
         "cannot be reached from this machine. Get it where there is network, then point at the folder:\n"
         f"  hf download {name_or_path} --local-dir models/{name_or_path.split('/')[-1]}\n"
-        f"  python -m specdec.bench.speculative --target models/{name_or_path.split('/')[-1]} ...\n"
+        f"  python -m specdec.bench --target models/{name_or_path.split('/')[-1]} ...\n"
         "(or download it into the cache with the same command without --local-dir, then pass the name; gated models "
         "such as meta-llama/* also need `hf auth login` and an accepted licence)")
 
