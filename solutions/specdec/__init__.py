@@ -76,3 +76,7 @@ zero) is ``tests/test_notebooks.py``; grading is ``tests/test_grading.py`` and `
 """
 
 __version__ = "0.1.0"
+
+from specdec.models.threads import use_course_threads as _use_course_threads
+
+_use_course_threads()  # one torch thread per process by default: see specdec.models.threads

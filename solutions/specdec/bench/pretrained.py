@@ -34,6 +34,7 @@ from specdec.metrics import alpha_from_counts
 from specdec.models import corpus
 from specdec.models.hf import hf_generate
 from specdec.models.pretrained import PretrainedLM, load_pretrained, share_vocabulary
+from specdec.models.threads import all_cores
 from specdec.params import check_request, check_vocabularies
 from specdec.recording import Generation, SpeculativeEngine
 
@@ -191,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="default: bfloat16 on a GPU (float16 without bf16), float32 on a CPU")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for torch")
+    parser.add_argument("--threads", type=int, default=all_cores(), help="CPU threads for torch (default: all cores)")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' own generate")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser

@@ -51,6 +51,7 @@ from specdec.metrics import acceptance_metrics
 from specdec.models import corpus, tokenizer
 from specdec.models.checkpoints import load, load_pair
 from specdec.models.model import KVCache, Llama
+from specdec.models.threads import all_cores
 from specdec.params import SamplingParams, check_request
 from specdec.paths import DATA_DIR
 from specdec.recording import RoundStats, SpeculativeEngine
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per prompt")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per prompt and method, interleaved; the median counts, min and max are kept")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)")
+    parser.add_argument("--threads", type=int, default=all_cores(), help="torch threads (default: all cores)")
     parser.add_argument("--hf", action="store_true", help="also run transformers' assisted generation and prompt lookup")
     parser.add_argument("--out", type=Path, default=Path("artifacts") / "bench", help="folder for json, csv and png")
     parser.add_argument("--notebook-reference", type=Path, metavar="JSON",
