@@ -1,6 +1,7 @@
 # Speculative Decoding course. `make lab` to learn, `make test` to check everything.
 # Overridable: PYTHON, VENV, HOST, PORT, BROWSER=no, NB (notebooks to grade), CELL_TIMEOUT (seconds per cell when
 # grading), PYTEST_ARGS, PIP_ARGS.
+# Drill: TOPIC (a topic such as serving, or a notebook number such as 01), SEED, COUNT.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,13 +14,15 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test nbval test-ui release grade grade-cohort models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test nbval test-ui release grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine)"
 	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
+	@echo "make drill    practise alone: questions with fresh numbers, each checked at once with its derivation (TOPIC=serving or TOPIC=01, SEED=, COUNT=)"
+	@echo "make mock-interview  a timed mock interview: numbers, choices and written answers, then a report of what to revise (SEED=, COUNT=)"
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make nbval    run instructor notebooks top to bottom in-process (NB=05 for one; authors)"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
@@ -78,6 +81,12 @@ grade: $(STAMP)
 grade-cohort: $(STAMP)
 	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }
 	$(BIN)/python -m specdec.course.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)"
+
+drill: $(STAMP)
+	@$(BIN)/python -m specdec.drill $(if $(TOPIC),--topic $(TOPIC),) $(if $(SEED),--seed $(SEED),) $(if $(COUNT),--count $(COUNT),)
+
+mock-interview: $(STAMP)
+	@$(BIN)/python -m specdec.drill --mock $(if $(SEED),--seed $(SEED),) $(if $(COUNT),--count $(COUNT),)
 
 models: $(STAMP)
 	$(BIN)/python -m specdec.models.train
