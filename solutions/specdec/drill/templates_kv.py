@@ -22,8 +22,8 @@ def bytes_per_token(rng: random.Random) -> Number:
     return Number(
         f"{cfg.name}: {_kv_text(cfg)}, KV cache in {prec}. How many KiB of KV cache does one token take?",
         kib,
-        f"2 (K and V) x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim} x {nbytes:g} bytes = "
-        f"{kib * 1024:,.0f} bytes = {show(kib)} KiB."
+        f"2 (K and V) x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim} x {nbytes:g} B = "
+        f"{kib * 1024:,.0f} B = {show(kib)} KiB."
         + (f" Grouped-query attention divides it by n_heads / n_kv_heads = {cfg.n_heads // cfg.n_kv_heads}."
            if cfg.n_kv_heads < cfg.n_heads else " (No grouped-query attention: every query head has its own K and V.)"),
         unit="KiB")

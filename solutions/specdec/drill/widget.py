@@ -23,7 +23,8 @@ SCORES = (("0", 0.0), ("1/4", 0.25), ("1/2", 0.5), ("3/4", 0.75), ("1", 1.0))
 
 def _link(section: Section) -> str:
     """A link to the section that works from a notebook in notebooks/ (JupyterLab opens it at the heading)."""
-    return (f'<a href="{html.escape(section.notebook)}.ipynb#{html.escape(section.anchor)}" target="_blank">'
+    return (f'<a href="{html.escape(section.notebook)}.ipynb#{html.escape(section.anchor)}" target="_blank" '
+            'style="color: var(--jp-content-link-color, #0969da); text-decoration: underline">'
             f"{html.escape(section.notebook)} / {html.escape(section.title)}</a>")
 
 
@@ -123,7 +124,7 @@ class DrillApp:
     def _explain(self, item: Question) -> str:
         tolerance = ""
         if item.kind == "number":
-            tolerance = f" (answers {item.tolerance_text()} count)"
+            tolerance = " (an exact count)" if item.rel == 0 else f" (answers within {item.rel:.0%} count)"
         return (f"<div><b>Why</b>{tolerance}: {html.escape(item.explanation)}</div>"
                 f"<div>Revise: {_link(item.section)}</div>")
 
