@@ -51,6 +51,8 @@ Layout
   its methods interleaved across repeats, with spreads and busy-machine warnings (``bench.timing``);
 - ``course/``: nbgrader driving, release, self-grading, cohort grading;
 - ``checks/``: what judges a learner's function; ``mistakes/``: the catalogue of known-wrong answers.
+- ``drill/``: self-study interview drill with fresh numbers per seed (``python -m specdec.drill``, ``make drill``,
+  ``drill_widget()``); it computes every answer with the lessons' functions and nothing below imports it.
 
 Notebook -> reference modules, its checks and mistakes (``checks.X`` and ``mistakes.X``), its tests
 (``tests/test_checks.py`` and ``tests/test_mistakes_in_notebooks.py`` run every notebook's checks against its

@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="mock interview: timed numbers, choices and 2-3 written answers, then a report")
     mode.add_argument("--json", action="store_true", help="print the questions as JSON (answers left null)")
     mode.add_argument("--check", metavar="FILE", type=Path,
-                      help="grade a JSON file of answers (the --json format with each 'answer' filled in)")
+                      help="grade a JSON file of answers (the --json format with each 'answer' filled in; null "
+                           "counts as unanswered); each question is rebuilt from its id")
     mode.add_argument("--list", action="store_true", help="list every question template")
     parser.add_argument("--reveal", action="store_true", help="with --json: include answers and explanations")
     return parser
