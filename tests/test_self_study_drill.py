@@ -97,6 +97,7 @@ def test_answers_parse_as_numbers_or_arithmetic_and_nothing_else():
         with pytest.raises(DrillInputError):
             q.is_right(bad)
     c = REGISTRY["pitfalls_temperatures"].question(1)
+    assert c.is_right(f"({c.answer})") and c.is_right(c.options["abcd".index(c.answer)])
     with pytest.raises(DrillInputError):
         c.is_right("e")
 

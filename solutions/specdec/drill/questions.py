@@ -222,7 +222,7 @@ class ChoiceQuestion(Question):
 
     def parse(self, raw: object) -> str:
         if isinstance(raw, str):
-            text = raw.strip().lower().rstrip(").")
+            text = raw.strip().lower().strip("() .")
             if text in LETTERS[: len(self.options)]:
                 return text
             for letter, option in zip(LETTERS, self.options):

@@ -20,7 +20,8 @@ def bytes_per_token(rng: random.Random) -> Number:
     cfg, (prec, nbytes) = draws.model(rng), draws.precision(rng, ("FP16", "FP8"))
     kib = ledger.kv_bytes_per_token(cfg, nbytes) / 1024
     return Number(
-        f"{cfg.name}: {_kv_text(cfg)}, KV cache in {prec}. How many KiB of KV cache does one token take?",
+        f"{cfg.name}: {_kv_text(cfg)}, KV cache in {prec} ({nbytes:g} B per value). How many KiB of KV cache does one "
+        "token take?",
         kib,
         f"2 (K and V) x {cfg.n_layers} layers x {cfg.n_kv_heads} KV heads x {cfg.head_dim} x {nbytes:g} B = "
         f"{kib * 1024:,.0f} B = {show(kib)} KiB."
@@ -69,8 +70,8 @@ def block_kib(rng: random.Random) -> Number:
     per_token = ledger.kv_bytes_per_token(cfg, nbytes)
     kib = per_token * block / 1024
     return Number(
-        f"A paged KV cache for {cfg.name} (grouped-query attention: {_kv_text(cfg)}), KV in {prec}, blocks of {block} "
-        "slots. How many KiB does one block take, over all layers?",
+        f"A paged KV cache for {cfg.name} (grouped-query attention: {_kv_text(cfg)}), KV in {prec} ({nbytes:g} B per "
+        f"value), blocks of {block} slots. How many KiB does one block take, over all layers?",
         kib,
         f"Per token: 2 x {cfg.n_layers} x {cfg.n_kv_heads} x {cfg.head_dim} x {nbytes:g} B = {per_token:,.0f} B (only "
         f"the {cfg.n_kv_heads} KV heads are cached, not the {cfg.n_heads} query heads); x {block} slots = "

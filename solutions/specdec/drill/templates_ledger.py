@@ -71,8 +71,8 @@ def step_floor_ms(rng: random.Random) -> Number:
     n = ledger.count_params(cfg)
     ms = ledger.decode_step_floor_s(n, nbytes, gpu.bandwidth) * 1e3
     return Number(
-        f"{cfg.name} ({n / 1e9:.2f}B parameters) in {prec} on one {gpu.name} ({gpu.bandwidth / 1e12:g} TB/s): the "
-        "lower bound on one batch-1 decode step, in milliseconds?",
+        f"{cfg.name} ({n / 1e9:.2f}B parameters) in {prec} ({nbytes:g} B per parameter) on one {gpu.name} "
+        f"({gpu.bandwidth / 1e12:g} TB/s): the lower bound on one batch-1 decode step, in milliseconds?",
         ms,
         f"Each step reads every weight once: {n:,} x {nbytes:g} B / {gpu.bandwidth:.4g} B/s = {show(ms)} ms "
         "(the compute, about 1 FLOP per byte, hides under the reads).",
