@@ -1,12 +1,17 @@
 """Notebook 01's interactive simulator: speedup curves and a round's timeline.
 
 ``simulator()`` returns an ipywidgets app (sliders for a, gamma, c, model size,
-bandwidth and batch) that redraws :func:`draw` on every change; ``draw`` alone makes
-the same figure without widgets (used by tests and static exports).
+bandwidth and batch). One render computes the line under the sliders and the three
+panels from the same scenario; in a running kernel a burst of slider changes (a drag,
+keys held down) is coalesced into one render after the last change, so the panels never
+lag the sliders. ``draw`` alone makes the same figure without widgets (used by tests and
+static exports).
 """
 
 from __future__ import annotations
 
+import asyncio
+import io
 from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
@@ -58,6 +63,12 @@ def summary(s: Scenario) -> str:
     )
 
 
+def caption(s: Scenario) -> str:
+    """The panels' caption: the scenario they show (what the browser test compares with the line)."""
+    return (f"panels for a = {s.a:.2f}, gamma = {s.gamma}, c = {s.c:.3f}, {s.params_b:.2f}B parameters, "
+            f"{s.bandwidth_gbs:.0f} GB/s, batch {s.batch}: speedup {s.speedup():.2f}x")
+
+
 def draw(s: Scenario, fig: Figure | None = None) -> Figure:
     """Three panels: speedup against gamma, speedup against batch, one round's timeline."""
     fig = fig or plt.figure(figsize=(13, 3.8))
@@ -70,7 +81,8 @@ def draw(s: Scenario, fig: Figure | None = None) -> Figure:
         ax_gamma.plot(gammas, values, lw=2.5 if a == round(s.a, 2) else 1, label=f"a = {a:.2f}")
     ax_gamma.plot([s.gamma], [ledger.speedup(s.a, s.gamma, s.c)], "ko")
     ax_gamma.axhline(1, color="grey", lw=0.8, ls="--")
-    ax_gamma.set(xlabel="draft length gamma", ylabel="speedup (batch 1)", title=f"Speedup vs gamma (c = {s.c:.3f})")
+    ax_gamma.set(xlabel="draft length gamma", ylabel="speedup (batch 1)",
+                 title=f"Speedup vs gamma (dot: gamma = {s.gamma}, c = {s.c:.3f})")
     ax_gamma.legend(fontsize=8)
 
     batches = [2**k for k in range(0, 11)]
@@ -92,16 +104,20 @@ def draw(s: Scenario, fig: Figure | None = None) -> Figure:
     for i in range(whole):
         ax_time.barh(0, plain, left=i * plain, color="tab:grey", edgecolor="white")
     ax_time.barh(0, plain * (expected - whole), left=whole * plain, color="tab:grey", alpha=0.4)
-    ax_time.set_yticks([0, 1], [f"plain: {expected:.2f} steps", "speculative round"])
-    ax_time.set(xlabel="time (ms)", title=f"{expected:.2f} tokens: {round_ms:.2f} ms vs {plain * expected:.2f} ms plain")
-    fig.tight_layout()
+    ax_time.set_yticks([0, 1], [f"plain\n({expected:.2f} steps)", "speculative\nround"])
+    ax_time.set_xlabel("time (ms)")
+    ax_time.set_title(f"{expected:.2f} tokens: {round_ms:.2f} vs {plain * expected:.2f} ms plain", fontsize=10)
+    fig.subplots_adjust(left=0.05, right=0.985, bottom=0.14, top=0.91, wspace=0.42)  # fixed: tight_layout doubles a redraw
     return fig
 
 
-def simulator(scenario: Scenario | None = None):
-    """The interactive app: move a slider, the numbers and the plots follow."""
+def simulator(scenario: Scenario | None = None, delay_s: float = 0.1):
+    """The interactive app: move a slider, the numbers and the plots follow.
+
+    Sliders report on release (``continuous_update=False``); changes that arrive within ``delay_s`` of
+    each other are rendered once, for the newest values (at once when no event loop runs, as in tests).
+    """
     import ipywidgets as widgets
-    from IPython.display import display
 
     s = scenario or Scenario()
     gpus = load_gpus()
@@ -117,38 +133,52 @@ def simulator(scenario: Scenario | None = None):
         "batch": widgets.IntSlider(value=s.batch, min=1, max=1024, description="batch size"),
     }
     for widget in controls.values():
-        widget.style, widget.layout = style, layout
+        widget.style, widget.layout, widget.continuous_update = style, layout, False
     gpu = widgets.Dropdown(options=["(custom)", *gpus], value="(custom)", description="GPU preset", style=style, layout=layout)
     readout = widgets.HTML()
-    plot = widgets.Output()
-    state = {"tflops": s.tflops}
+    panels = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+    below = widgets.HTML()  # the panels' caption
+    fig = Figure(figsize=(13, 3.8))  # reused by every render; not pyplot's, so nothing else displays it
+    state: dict = {"tflops": s.tflops, "timer": None}
 
-    def redraw(_change=None) -> None:
+    def render() -> None:
+        """The line, the panels and their caption, all from the sliders' values now."""
+        state["timer"] = None
         current = Scenario(**{name: w.value for name, w in controls.items()}, tflops=state["tflops"],
                            bytes_per_param=s.bytes_per_param)
+        png = io.BytesIO()
+        draw(current, fig).savefig(png, format="png", dpi=80)
         readout.value = summary(current)
-        with plot:
-            plot.clear_output(wait=True)
-            fig = draw(current)
-            display(fig)
-            plt.close(fig)
+        panels.value = png.getvalue()
+        below.value = f"<small>{caption(current)}</small>"
+
+    def request(_change=None) -> None:
+        """Render once after the last of a burst of changes: each new change postpones the pending render."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (plain Python): nothing can be pending
+            render()
+            return
+        if state["timer"] is not None:
+            state["timer"].cancel()
+        state["timer"] = loop.call_later(delay_s, render)
 
     def pick_gpu(change) -> None:
         if change["new"] in gpus:
             chosen = gpus[change["new"]]
             state["tflops"] = chosen.bf16_flops / 1e12
-            controls["bandwidth_gbs"].value = chosen.bandwidth / 1e9  # triggers redraw
-            redraw()
+            controls["bandwidth_gbs"].value = chosen.bandwidth / 1e9
+            request()  # the peak FLOP/s changed even if the bandwidth did not
 
     def custom_bandwidth(change) -> None:
         if gpu.value in gpus and change["new"] != gpus[gpu.value].bandwidth / 1e9:
             gpu.value = "(custom)"  # the preset no longer describes the sliders
 
     for widget in controls.values():
-        widget.observe(redraw, names="value")
+        widget.observe(request, names="value")
     controls["bandwidth_gbs"].observe(custom_bandwidth, names="value")
     gpu.observe(pick_gpu, names="value")
-    redraw()
+    render()
     left = widgets.VBox([controls["a"], controls["gamma"], controls["c"]])
     right = widgets.VBox([controls["params_b"], controls["bandwidth_gbs"], controls["batch"], gpu])
-    return widgets.VBox([widgets.HBox([left, right]), readout, plot])
+    return widgets.VBox([widgets.HBox([left, right]), readout, panels, below])
