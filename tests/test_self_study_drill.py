@@ -215,6 +215,17 @@ def test_help_explains_the_modes(capsys):
         assert word in text
 
 
+def test_make_drill_passes_topic_seed_and_count_and_make_help_names_both_targets():
+    def make(*args: str) -> str:
+        return subprocess.run(["make", "-n", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+
+    assert "-m specdec.drill --topic serving --seed 3 --count 2" in make("drill", "TOPIC=serving", "SEED=3", "COUNT=2")
+    assert make("drill").rstrip().endswith("-m specdec.drill")
+    assert "-m specdec.drill --mock --seed 5" in make("mock-interview", "SEED=5")
+    helped = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    assert "make drill" in helped and "make mock-interview" in helped
+
+
 # -- the terminal drill and the mock interview ---------------------------------------------------------------------
 
 
