@@ -1,6 +1,6 @@
 # Speculative Decoding course. `make lab` to learn, `make test` to check everything.
 # Overridable: PYTHON, VENV, HOST, PORT, BROWSER=no, NB (notebooks to grade), CELL_TIMEOUT (seconds per cell when
-# grading), PYTEST_ARGS, PIP_ARGS.
+# grading), MODEL_ANSWERS=no, PYTEST_ARGS, PIP_ARGS.
 # Drill: TOPIC (a topic such as serving, or a notebook number such as 01), SEED, COUNT.
 
 PYTHON ?= python3
@@ -19,7 +19,8 @@ PIP_ARGS ?=
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
-	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine)"
+	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine);"
+	@echo "              then your written answers beside their model answers (MODEL_ANSWERS=no hides them)"
 	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
 	@echo "make drill    practise alone: questions with fresh numbers, each checked at once with its derivation (TOPIC=serving or TOPIC=01, SEED=, COUNT=)"
 	@echo "make mock-interview  a timed mock interview: numbers, choices and written answers, then a report of what to revise (SEED=, COUNT=)"
@@ -76,7 +77,8 @@ release: $(STAMP)
 	$(BIN)/python -m specdec.course.release
 
 grade: $(STAMP)
-	@$(BIN)/python -m specdec.course.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),)
+	@$(BIN)/python -m specdec.course.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),) \
+		$(if $(filter no,$(MODEL_ANSWERS)),--no-model-answers,)
 
 grade-cohort: $(STAMP)
 	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }

@@ -39,6 +39,12 @@ def _prepend(grade_id, code):
     return change
 
 
+def _replace(grade_id, code):
+    def change(nb):
+        _answer(nb, grade_id).source = code
+    return change
+
+
 def _delete_test(nb):
     nb.cells.remove(_answer(nb, "round_shapes_test"))
 
@@ -71,6 +77,7 @@ SUBMISSIONS = {
                                                 "def greedy_verify(*a):\n    return None\n")),
     "writes_course": lambda: _variant(_prepend("round_shapes", f"open({str(GUARDED_FILE)!r}, 'a').write('# pwned')")),
     "other_notebook": lambda: read(source_path("03_rejection_sampling")),
+    "calls_reference": lambda: _variant(_replace("greedy_verify", "from specdec.greedy import greedy_verify")),
 }
 
 
@@ -143,6 +150,14 @@ def test_tampering_is_flagged_and_cannot_reach_the_course(graded):
             and "assigns to an attribute of checks" in totals["patches_checks"]["messages"])
     assert totals["writes_course"]["flagged"] == "True"
     assert _score(totals, "correct") == FULL  # graded beside them, unaffected
+    assert totals["correct"]["flagged"] == "False"
+
+
+def test_an_answer_that_imports_the_reference_is_flagged_for_the_instructor(graded):
+    totals, _ = graded
+    row = totals["calls_reference"]
+    assert row["flagged"] == "True" and _score(totals, "calls_reference") == FULL
+    assert "calls the reference: greedy_verify: imports greedy_verify from specdec.greedy" in row["messages"]
 
 
 def test_outputs_grades_summary_and_feedback(graded):

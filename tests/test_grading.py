@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
+import json
+import re
 import subprocess
 import sys
 
+import nbformat
 import pytest
 
 from conftest import background_job, background_result, source_path, student_path
@@ -23,7 +25,15 @@ def _grade_by_cli(tmp_path):
     """`python -m specdec.course.grading 01` on a folder holding one finished notebook."""
     mine = tmp_path / "notebooks"
     mine.mkdir()
-    shutil.copy(source_path("01_cost_ledger"), mine / "01_cost_ledger.ipynb")  # a finished notebook
+    finished = nbformat.read(source_path("01_cost_ledger"), as_version=4)
+    for cell in finished.cells:  # count_params taken from the reference, speedup wrong (so best_gamma too)
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id == "count_params":
+            cell.source = "from specdec.ledger import count_params"
+        elif grade_id == "speedup":
+            cell.source = ("def speedup(a, gamma, c):\n    return expected_tokens_per_round(a, gamma) / "
+                           "(1 + gamma * c + 1)")
+    nbformat.write(finished, mine / "01_cost_ledger.ipynb")
     before = _digest(mine)
     proc = subprocess.run(
         [sys.executable, "-m", "specdec.course.grading", "01", "--dir", str(mine), "--report-dir", str(tmp_path / "report")],
@@ -41,9 +51,15 @@ def graded_by_cli():
 def test_grade_cli_reads_but_never_writes_the_learners_notebooks(graded_by_cli):
     proc, mine, before, report = graded_by_cli
     assert proc.returncode == 0, proc.stderr
+    assert "[1/1] 01_cost_ledger: running it with the hidden tests" in proc.stdout
+    assert re.search(r"\[1/1\] 01_cost_ledger: 7 / 10 points in \d+ s", proc.stdout), proc.stdout
+    assert "note: count_params: imports count_params from specdec.ledger instead of writing it" in proc.stdout
     assert "count_params" in proc.stdout and "2 / 2" in proc.stdout
-    assert "total: 10 / 10 points" in proc.stdout
-    assert (report / "feedback" / "01_cost_ledger.html").exists()
+    assert re.search(r"speedup\s+0 / 1  speedup\(0.8, 4, 0.05\): expected", proc.stdout), proc.stdout
+    assert "total: 7 / 10 points" in proc.stdout
+    html = (report / "feedback" / "01_cost_ledger.html").read_text()
+    assert "speedup" in html and "hidden check's own lines are left out" in html
+    assert "specdec/checks/" not in html  # the learner's cells and the check's message, not the check's source
     assert _digest(mine) == before
     assert [p.name for p in mine.iterdir()] == ["01_cost_ledger.ipynb"]
 
@@ -98,11 +114,72 @@ def test_table_lists_every_exercise_and_the_total():
     assert lines[-1] == "total: 2 / 3 points (not graded: 02_y)"
 
 
-def test_table_truncates_long_messages_and_names_ungraded_notebooks():
-    long = "CheckFailure-like message " * 20
+def test_table_wraps_the_first_sentence_and_names_ungraded_notebooks():
+    long = ("CheckFailure: verify(p, q) on a batch of three rows where the second row differs: expected the residual "
+            "sampled from max(p - q, 0), e.g. token 2, got token 0 from p itself. Likely cause: resampling from p. "
+            "More detail follows.")
     table = format_table([("01_x", [CellGrade("01_x", "a_test", 0, 1, message=long)]), ("02_y", "02_y.ipynb is not valid JSON")])
-    assert max(len(line) for line in table.splitlines()) < 260
-    assert "…" in table and table.splitlines()[-1] == "total: 0 / 1 points (not graded: 02_y)"
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) < 130 and "…" not in table
+    assert " ".join(" ".join(lines).split()).count("got token 0 from p itself.") == 1  # the whole first sentence
+    assert "Likely cause" not in table  # the rest is in the HTML feedback
+    assert lines[-1] == "total: 0 / 1 points (not graded: 02_y)"
+
+
+def test_feedback_leaves_out_the_hidden_checks_frames(tmp_path):
+    from specdec.course.driver import hide_check_frames
+
+    frames = ["\x1b[0;31m-------\x1b[0m", "CheckFailure  Traceback (most recent call last)",
+              "Cell \x1b[0;32mIn[7], line 1\x1b[0m\n----> 1 check_speedup(speedup)",
+              "File \x1b[0;32m/x/solutions/specdec/checks/ledger.py:40\x1b[0m, in \x1b[0;36mcheck_speedup\x1b[0m(fn)",
+              "Cell \x1b[0;32mIn[6], line 2\x1b[0m, in \x1b[0;36mspeedup\x1b[0m(a, gamma, c)",
+              "\x1b[0;31mCheckFailure\x1b[0m: speedup(0.8, 4, 0.05): expected 2.80, got 1.4"]
+    nb = {"cells": [{"cell_type": "code", "outputs": [{"output_type": "error", "ename": "CheckFailure", "evalue": "",
+                                                       "traceback": frames}]}]}
+    path = tmp_path / "graded.ipynb"
+    path.write_text(json.dumps(nb))
+    assert hide_check_frames(path) == 1
+    kept = json.loads(path.read_text())["cells"][0]["outputs"][0]["traceback"]
+    assert not any("specdec/checks" in f for f in kept) and "In[6]" in kept[3] and kept[-1] == frames[-1]
+    assert "left out" in kept[-2]
+
+
+def test_model_answers_are_shown_only_for_attempted_written_answers():
+    from specdec.course.written import format_model_answers, written_answers
+
+    student = nbformat.read(student_path("10_pitfalls_interview"), as_version=4)
+    assert written_answers("10_pitfalls_interview", student) == []  # the skeleton is not an attempt
+    for cell in student.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "written_gamma":
+            cell.source = "Pick the gamma that maximises E over the round's cost, measured on real traffic."
+    (answer,) = written_answers("10_pitfalls_interview", student)
+    assert answer.question.startswith("3. How do you choose gamma?") and answer.answer.startswith("Pick the gamma")
+    text = format_model_answers("10_pitfalls_interview", [answer])
+    assert "Model answer." in text and "Rubric" in text and "maximises E over" in text
+
+
+def test_answers_that_call_the_reference_are_named():
+    from specdec.course.reference_calls import reference_calls
+
+    source = nbformat.read(source_path("02_greedy_verify"), as_version=4)
+    assert reference_calls(source, source) == []  # the reference solutions themselves
+    cheats = {
+        "from specdec import greedy\ndef greedy_verify(drafts, target_logits):\n"
+        "    return greedy.greedy_verify(drafts, target_logits)": "greedy_verify calls specdec's greedy_verify",
+        "def greedy_verify(drafts, target_logits):\n    from specdec.greedy import greedy_verify as ref\n"
+        "    return ref(drafts, target_logits)": "greedy_verify calls specdec's greedy_verify",
+        "import specdec.greedy\ngreedy_verify = specdec.greedy.greedy_verify": "binds its function to specdec's",
+        "from specdec.greedy import greedy_verify": "imports greedy_verify from specdec.greedy",
+        "def greedy_verify(drafts, target_logits):\n    return greedy_verify_batched(drafts[None], "
+        "target_logits[None])": None,  # the learner's own other answer: allowed
+    }
+    for code, expected in cheats.items():
+        learner = nbformat.read(student_path("02_greedy_verify"), as_version=4)
+        for cell in learner.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") == "greedy_verify":
+                cell.source = code
+        notes = reference_calls(learner, source)
+        assert (notes == []) if expected is None else (len(notes) == 1 and expected in notes[0]), (code, notes)
 
 
 def test_notebook_numbers_resolve():

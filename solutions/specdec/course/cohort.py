@@ -12,7 +12,8 @@ stall, crash or tamper only with its own grading: never another's, never the cou
 Before grading, each notebook is checked and repaired where a repair is safe: unreadable files
 are reported, a deleted test cell is restored from the course, graded cells moved out of order
 are put back in the course's order, a notebook of another assignment is refused, and code that
-looks like tampering with the checks is flagged for review. Every such event goes into the
+looks like tampering with the checks, or an answer that calls the ``specdec`` reference it is meant to
+implement, is flagged for review. Every such event goes into the
 report with the student's name.
 
 Writes to --out: ``grades.csv`` (one row per student, assignment and graded cell),
@@ -41,8 +42,18 @@ from pathlib import Path
 
 import nbformat
 
-from specdec.course.driver import CellGrade, assignments, generate, make_course, nbgrader_env, read_grades, source_notebook
+from specdec.course.driver import (
+    CellGrade,
+    assignments,
+    generate,
+    hide_check_frames,
+    make_course,
+    nbgrader_env,
+    read_grades,
+    source_notebook,
+)
 from specdec.course.grading import read_submission
+from specdec.course.reference_calls import reference_calls
 from specdec.paths import REPO_ROOT
 
 
@@ -286,6 +297,10 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
     if flags:
         sub.flagged = True
         sub.messages += [f"flagged for review: {f}" for f in flags]
+    copied = reference_calls(nb, nbformat.read(source_notebook(sub.assignment), as_version=4))
+    if copied:
+        sub.flagged = True
+        sub.messages += [f"flagged for review: calls the reference: {note}" for note in copied]
     scratch = Path(tempfile.mkdtemp(prefix=f"{sub.student}-", dir=scratch_root))
     course = scratch / "course"
     shutil.copytree(template, course)
@@ -321,6 +336,7 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
         sub.messages.append("nbgrader could not grade this notebook; its log: "
                             + " | ".join(line for line in log.splitlines()[-5:] if line.strip())[:400])
     if sub.graded and autograded.exists():
+        hide_check_frames(autograded)
         feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={sub.student}",
                     "--force", f"--CourseDirectory.root={course}"]
         subprocess.run(_contained(feedback, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,

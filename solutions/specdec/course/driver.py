@@ -162,6 +162,31 @@ def _cell_messages(notebook_path: Path, cell_timeout_s: float = CELL_TIMEOUT_S) 
     return messages
 
 
+#: Frames of these folders are the hidden checks' own code: feedback leaves them out.
+_HIDDEN_FRAMES = re.compile(r"^File [^\n]*[/\\\\]specdec[/\\\\](checks|mistakes)[/\\\\]")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def hide_check_frames(autograded: Path) -> int:
+    """Drop the hidden checks' stack frames from every traceback of an autograded notebook, before its
+    feedback is written: the learner sees their own cells' frames and the check's message. Frames removed."""
+    nb = json.loads(autograded.read_text())
+    removed = 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") != "error":
+                continue
+            kept = [entry for entry in out.get("traceback", []) if not _HIDDEN_FRAMES.match(_ANSI.sub("", entry))]
+            if len(kept) < len(out.get("traceback", [])):
+                removed += len(out["traceback"]) - len(kept)
+                kept.insert(len(kept) - 1, "(the hidden check's own lines are left out: its message below says what "
+                                           "was wrong)")
+                out["traceback"] = kept
+    if removed:
+        autograded.write_text(json.dumps(nb))
+    return removed
+
+
 def _innermost_function(traceback_text: str) -> str:
     """The function named by the last 'in name(' frame of an IPython traceback."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", traceback_text)

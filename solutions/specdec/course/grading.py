@@ -2,8 +2,12 @@
 
 Copies each ``notebooks/NN_slug.ipynb`` into a scratch nbgrader course as a submission,
 autogrades it (hidden tests restored from ``grader/source``), prints a table of points
-per exercise with the first line of each failure, and writes HTML feedback to
-``.grades/feedback/``. The learner's files are only read, never written.
+per exercise with each failure's first sentence, and writes HTML feedback to ``.grades/feedback/``
+(the learner's code and each check's message; the hidden checks' own lines are left out). While a
+notebook runs it shows which cell is running; after it, the written answers the learner attempted
+beside their model answers and rubrics (``--no-model-answers`` hides them), and a note for any answer
+that calls the ``specdec`` reference it is meant to implement. The learner's files are only read,
+never written.
 
 Usage: ``python -m specdec.course.grading [NOTEBOOK ...]`` where NOTEBOOK is a path, a file
 name or a number (``01``). Exit status 0 whenever grading ran, whatever the score.
@@ -13,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
+import textwrap
+import time
 from pathlib import Path
 
 import nbformat
@@ -27,11 +34,16 @@ from specdec.course.driver import (
     assignments,
     autograde,
     generate,
+    hide_check_frames,
     make_course,
     read_grades,
     run_nbgrader,
+    source_notebook,
     submit,
 )
+from specdec.course.progress import HOOK_CONFIG, PROGRESS_ENV, CellWatch
+from specdec.course.reference_calls import reference_calls
+from specdec.course.written import format_model_answers, written_answers
 from specdec.paths import NOTEBOOKS_DIR, REPO_ROOT
 
 STUDENT = "learner"
@@ -84,39 +96,72 @@ Result = tuple[str, list[CellGrade] | str]
 
 
 def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR,
-          cell_timeout_s: float = CELL_TIMEOUT_S) -> list[Result]:
-    """Grade each (slug, path) in turn: (slug, cell grades), or (slug, why it could not be graded)."""
+          cell_timeout_s: float = CELL_TIMEOUT_S, model_answers: bool = True) -> list[Result]:
+    """Grade each (slug, path) in turn: (slug, cell grades), or (slug, why it could not be graded). Prints a
+    progress line per notebook, and after each one its notes (answers calling the reference, model answers)."""
     results: list[Result] = []
     feedback_dir = report_dir / "feedback"
     with tempfile.TemporaryDirectory(prefix="specdec-grade-") as tmp:
         root = make_course(Path(tmp), sorted({slug for slug, _ in targets}))
-        for slug, path in targets:
-            try:
-                nb = read_submission(path)
-                generate(root, slug)
-                submit(root, slug, STUDENT, nb)
-                autograde(root, slug, STUDENT, cell_timeout_s=cell_timeout_s)
-                cells = read_grades(root, slug, STUDENT, cell_timeout_s)
-                run_nbgrader(root, "generate_feedback", slug, f"--student={STUDENT}", "--force")
-                html = root / "feedback" / STUDENT / slug / f"{slug}.html"
-                if html.exists():
-                    feedback_dir.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(html, feedback_dir / f"{slug}.html")
-                results.append((slug, cells))
-                done = sum(c.score for c in cells), sum(c.max_score for c in cells)
-                print(f"  {slug}: {done[0]:g} / {done[1]:g}", flush=True)
-            except ValueError as err:
-                results.append((slug, str(err)))
-            except NbgraderError as err:
-                results.append((slug, f"grading failed: {str(err).splitlines()[0]} (log below)\n{err}"))
+        with open(root / "nbgrader_config.py", "a") as config:
+            config.write(HOOK_CONFIG)
+        progress_file = root / "progress.jsonl"
+        os.environ[PROGRESS_ENV] = str(progress_file)  # read by the hook inside nbgrader's process
+        try:
+            for number, (slug, path) in enumerate(targets, 1):
+                started = time.perf_counter()
+                print(f"[{number}/{len(targets)}] {slug}: running it with the hidden tests...", flush=True)
+                results.append((slug, _grade_one(root, slug, path, feedback_dir, cell_timeout_s, progress_file,
+                                                 model_answers)))
+                cells = results[-1][1]
+                score = (f"{sum(c.score for c in cells):g} / {sum(c.max_score for c in cells if not c.written):g} "
+                         "points" if isinstance(cells, list) else "not graded")
+                print(f"[{number}/{len(targets)}] {slug}: {score} in {time.perf_counter() - started:.0f} s", flush=True)
+        finally:
+            os.environ.pop(PROGRESS_ENV, None)
     return results
 
 
-MESSAGE_WIDTH = 150
+def _grade_one(root: Path, slug: str, path: Path, feedback_dir: Path, cell_timeout_s: float, progress_file: Path,
+               model_answers: bool) -> list[CellGrade] | str:
+    try:
+        nb = read_submission(path)
+        generate(root, slug)
+        submit(root, slug, STUDENT, nb)
+        with CellWatch(progress_file, slug, len(nb.cells)):
+            autograde(root, slug, STUDENT, cell_timeout_s=cell_timeout_s)
+        cells = read_grades(root, slug, STUDENT, cell_timeout_s)
+        autograded = root / "autograded" / STUDENT / slug / f"{slug}.ipynb"
+        if autograded.exists():
+            hide_check_frames(autograded)
+        run_nbgrader(root, "generate_feedback", slug, f"--student={STUDENT}", "--force")
+        html = root / "feedback" / STUDENT / slug / f"{slug}.html"
+        if html.exists():
+            feedback_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy(html, feedback_dir / f"{slug}.html")
+    except ValueError as err:
+        return str(err)
+    except NbgraderError as err:
+        return f"grading failed: {str(err).splitlines()[0]} (log below)\n{err}"
+    for note in reference_calls(nb, nbformat.read(source_notebook(slug), as_version=4)):
+        print(f"  note: {note}: its points are the reference's, not yours (fine for moving on; write your own to "
+              "practise)", flush=True)
+    answers = written_answers(slug, nb) if model_answers else []
+    if answers:
+        print(format_model_answers(slug, answers), flush=True)
+    return cells
 
 
-def _short(message: str) -> str:
-    return message if len(message) <= MESSAGE_WIDTH else message[: MESSAGE_WIDTH - 1] + "…"
+MESSAGE_WIDTH = 90
+
+
+def _first_sentence(message: str) -> str:
+    """The message up to the end of its first sentence (a period, '?' or '!' before a space, or its first line)."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    for i, char in enumerate(line[:-1]):
+        if char in ".?!" and line[i + 1] == " " and not line[max(0, i - 3):i + 1].endswith(("e.g.", "i.e.", "vs.")):
+            return line[: i + 1]
+    return line
 
 
 def format_table(results: list[Result]) -> str:
@@ -126,7 +171,7 @@ def format_table(results: list[Result]) -> str:
     ungraded = []
     for slug, cells in results:
         if isinstance(cells, str):
-            rows.append((slug, "-", "-", _short(cells.splitlines()[0])))
+            rows.append((slug, "-", "-", _first_sentence(cells)))
             ungraded.append(slug)
             continue
         for cell in cells:
@@ -137,12 +182,17 @@ def format_table(results: list[Result]) -> str:
                 rows.append((slug, exercise, f"? / {cell.max_score:g}", status))
                 manual += cell.max_score
                 continue
-            rows.append((slug, exercise, f"{cell.score:g} / {cell.max_score:g}", _short(cell.message)))
+            rows.append((slug, exercise, f"{cell.score:g} / {cell.max_score:g}", _first_sentence(cell.message)))
             total += cell.score
             possible += cell.max_score
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}".rstrip() for r in rows]
-    lines.insert(1, "-" * min(max(len(line) for line in lines), sum(widths) + 6 + MESSAGE_WIDTH // 2))
+    indent = " " * (sum(widths) + 6)
+    lines = []
+    for r in rows:
+        wrapped = textwrap.wrap(r[3], MESSAGE_WIDTH) or [""]
+        lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:>{widths[2]}}  {wrapped[0]}".rstrip())
+        lines += [indent + more for more in wrapped[1:]]
+    lines.insert(1, "-" * (sum(widths) + 6 + MESSAGE_WIDTH))
     not_graded = f" (not graded: {', '.join(ungraded)})" if ungraded else ""
     by_hand = f", plus {manual:g} points of written answers for an instructor to grade" if manual else ""
     lines.append(f"total: {total:g} / {possible:g} points{by_hand}{not_graded}")
@@ -154,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", help="notebooks to grade (path, file name or number); default: all")
     parser.add_argument("--dir", type=Path, default=NOTEBOOKS_DIR, help="folder of your notebooks (default: notebooks/)")
     parser.add_argument("--report-dir", type=Path, default=REPORT_DIR, help="where HTML feedback goes (default: .grades/)")
+    parser.add_argument("--no-model-answers", action="store_true",
+                        help="do not show the model answers of attempted written answers (for an instructor)")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S,
                         help=f"seconds one cell may run before it is stopped (default {CELL_TIMEOUT_S})")
     args = parser.parse_args(argv)
@@ -161,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cell-timeout must be > 0, got {args.cell_timeout:g}")
     targets = _resolve(args.notebooks, args.dir)
     print(f"grading {len(targets)} notebook(s) (a copy; your files are not changed)...", flush=True)
-    results = grade(targets, args.report_dir, args.cell_timeout)
+    results = grade(targets, args.report_dir, args.cell_timeout, model_answers=not args.no_model_answers)
     print(format_table(results))
     for slug, cells in results:
         if isinstance(cells, str) and "\n" in cells:
             print(f"\n--- {slug} ---\n{cells}", file=sys.stderr)
     if (args.report_dir / "feedback").exists():
-        print(f"HTML feedback (hidden tests' messages in full): {args.report_dir / 'feedback'}/")
+        print(f"HTML feedback (your code and every check's message in full): {args.report_dir / 'feedback'}/")
     return 0
 
 

@@ -1,0 +1,89 @@
+"""Answers that call the reference: an answer cell whose function hands its work to the ``specdec`` function
+of the same name (or imports it over its own) scores the reference's marks, not the learner's. Self-grading
+prints a note; cohort grading flags the submission for the instructor.
+
+Read with ``ast`` from the notebook, never run: every import of ``specdec`` in any cell is followed, so
+``from specdec.greedy import greedy_verify as ref`` then ``return ref(...)`` is found, as is
+``specdec.greedy.greedy_verify(...)``.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import nbformat
+
+
+def _parse(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:  # IPython magics, or a learner's unfinished code
+        return None
+
+
+def _specdec_names(notebook: nbformat.NotebookNode) -> tuple[dict[str, str], set[str]]:
+    """(alias -> the specdec object's name, aliases bound to specdec modules) over every code cell."""
+    objects, modules = {}, set()
+    for cell in notebook.cells:
+        tree = _parse(cell.source) if cell.cell_type == "code" else None
+        for node in ast.walk(tree) if tree else ():
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "specdec":
+                        modules.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "specdec":
+                for alias in node.names:
+                    # a submodule (from specdec import greedy) or an object (from specdec.greedy import f)
+                    objects[alias.asname or alias.name] = alias.name
+                    modules.add(alias.asname or alias.name)
+    return objects, modules
+
+
+def _calls_reference(function: ast.FunctionDef, objects: dict[str, str], modules: set[str]) -> bool:
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and objects.get(func.id) == function.name:
+            return True
+        if isinstance(func, ast.Attribute) and func.attr == function.name:
+            root = func.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                return True
+    return False
+
+
+def _defined(source: str) -> set[str]:
+    tree = _parse(source)
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} if tree else set()
+
+
+def reference_calls(submission: nbformat.NotebookNode, source: nbformat.NotebookNode) -> list[str]:
+    """One line per answer cell that calls or imports the reference of what it is meant to implement."""
+    to_write = {c.metadata["nbgrader"]["grade_id"]: _defined(c.source) for c in source.cells
+                if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")}
+    objects, modules = _specdec_names(submission)
+    found = []
+    for cell in submission.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        names = to_write.get(grade_id, set())
+        tree = _parse(cell.source) if names else None
+        if tree is None:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in names and _calls_reference(node, objects, modules):
+                found.append(f"{grade_id}: {node.name} calls specdec's {node.name}, the reference it is meant to "
+                             "implement")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
+                for alias in node.names:
+                    if (alias.asname or alias.name) in names:
+                        found.append(f"{grade_id}: imports {alias.name} from {node.module} instead of writing it")
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in node.targets):
+                value = node.value
+                while isinstance(value, ast.Attribute):
+                    value = value.value
+                if isinstance(value, ast.Name) and (value.id in modules or value.id in objects):
+                    found.append(f"{grade_id}: binds its function to specdec's instead of writing it")
+    return found
