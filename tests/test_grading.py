@@ -153,9 +153,10 @@ def test_model_answers_are_shown_only_for_attempted_written_answers():
         if cell.metadata.get("nbgrader", {}).get("grade_id") == "written_gamma":
             cell.source = "Pick the gamma that maximises E over the round's cost, measured on real traffic."
     (answer,) = written_answers("10_pitfalls_interview", student)
-    assert answer.question.startswith("3. How do you choose gamma?") and answer.answer.startswith("Pick the gamma")
+    assert answer.question.prompt.startswith("How do you choose gamma?") and answer.answer.startswith("Pick the gamma")
     text = format_model_answers("10_pitfalls_interview", [answer])
-    assert "Model answer." in text and "Rubric" in text and "maximises E over" in text
+    assert "model answer:" in text and "rubric:" in text and "maximises E over" in text
+    assert "Maximise S = E(a, gamma)" in text and "revise: notebooks/01_cost_ledger.ipynb" in text
 
 
 def test_answers_that_call_the_reference_are_named():

@@ -12,7 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "solutions" / "specdec"
 MAX_TOP_LEVEL_MODULES = 20
 #: Folders whose modules judge, catalogue, drive or measure the lessons: nothing below them imports them.
-UPPER = ("specdec.checks", "specdec.mistakes", "specdec.course", "specdec.bench")
+UPPER = ("specdec.checks", "specdec.mistakes", "specdec.course", "specdec.bench", "specdec.drill")
 #: The shared types and helpers every loop builds on: they import only each other and the model.
 LOW = {"specdec.params", "specdec.validate", "specdec.sampling", "specdec.paths", "specdec.tables"}
 LOW_MAY_IMPORT = LOW | {"specdec.models.model"}
