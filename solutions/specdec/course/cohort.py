@@ -20,6 +20,12 @@ Writes to --out: ``grades.csv`` (one row per student, assignment and graded cell
 ``totals.csv`` (one row per student and assignment), ``summary.json`` (mean and distribution per
 exercise), ``report.txt`` (every message) and ``feedback/<student>/<assignment>.html``.
 Exit status 0 when grading ran, whatever the scores; 2 when it could not start.
+
+A cohort too big for one machine runs as shards on a cluster scheduler (``grader/cluster/``: a Kubernetes
+Indexed Job and a Slurm array): ``--shard K/N`` grades only the students whose name hashes to K
+(0 <= K < N; a stable partition, so every student lands in exactly one shard), and also writes
+``shard.json``; ``python -m specdec.course.cohort merge SHARD_DIR ... --out DIR`` combines the shards into
+the same four files (and feedback) one machine would have written.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -36,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,8 +418,106 @@ def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> Non
     (out / "report.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
 
 
+# -- shards: one cohort over several machines --------------------------------------------------------------------
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 0 <= K < N (Kubernetes' JOB_COMPLETION_INDEX and Slurm's array index start at 0)."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected K/N, e.g. 0/4") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: need 0 <= K < N")
+    return k, n
+
+
+def shard_of(student: str, shards: int) -> int:
+    """The shard that grades ``student``: a hash of the name, the same on every machine and Python."""
+    return zlib.crc32(student.encode("utf-8")) % shards
+
+
+def _problem_student(problem: str) -> str:
+    """The student a find_submissions problem is about ("student/assignment: ..."), or "" for the whole run."""
+    head = problem.split(":", 1)[0]
+    return head.split("/", 1)[0] if "/" in head else ""
+
+
+def _submission_record(sub: Submission) -> dict:
+    return {"student": sub.student, "assignment": sub.assignment, "path": str(sub.path),
+            "grades": [dataclasses.asdict(g) for g in sub.grades], "messages": sub.messages,
+            "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds}
+
+
+def _submission_from(record: dict) -> Submission:
+    return Submission(record["student"], record["assignment"], Path(record["path"]),
+                      [CellGrade(**g) for g in record["grades"]], record["messages"], record["flagged"],
+                      record["graded"], record["seconds"])
+
+
+def write_shard(subs: list[Submission], problems: list[str], shard: tuple[int, int], out: Path) -> None:
+    """``shard.json``: what merge needs to rebuild the one-machine outputs."""
+    (out / "shard.json").write_text(json.dumps({"shard": list(shard), "problems": problems,
+                                                "submissions": [_submission_record(s) for s in subs]}, indent=1))
+
+
+def merge(shard_dirs: list[Path], out: Path) -> tuple[list[Submission], list[str]]:
+    """Combine shard results into ``out``: grades.csv, totals.csv, summary.json and report.txt as one machine
+    would write them (submissions in student order), and every shard's feedback. Refuses missing, duplicated
+    or inconsistent shards, naming them."""
+    records, seen = [], {}
+    for folder in shard_dirs:
+        path = folder / "shard.json"
+        if not path.exists():
+            raise ValueError(f"{folder}: no shard.json (was it graded with --shard K/N, and did it finish?)")
+        record = json.loads(path.read_text())
+        k, n = record["shard"]
+        if (k, n) in seen:
+            raise ValueError(f"shard {k}/{n} given twice: {seen[(k, n)]} and {folder}")
+        seen[(k, n)] = folder
+        records.append((folder, record))
+    counts = {n for _, n in seen}
+    if len(counts) != 1:
+        raise ValueError(f"the shards were cut differently (N = {sorted(counts)}): {sorted(seen)}")
+    (n,) = counts
+    missing = sorted(set(range(n)) - {k for k, _ in seen})
+    if missing:
+        raise ValueError(f"missing shard(s) {', '.join(f'{k}/{n}' for k in missing)} of {n}")
+    subs = sorted((_submission_from(s) for _, r in records for s in r["submissions"]),
+                  key=lambda s: (s.student, s.assignment))
+    per_student = [p for _, r in records for p in r["problems"] if _problem_student(p)]
+    whole_run = [p for _, r in records for p in r["problems"] if not _problem_student(p)]
+    problems = sorted(per_student, key=_problem_student) + list(dict.fromkeys(whole_run))
+    out.mkdir(parents=True, exist_ok=True)
+    for folder, _ in records:
+        if (folder / "feedback").is_dir():
+            shutil.copytree(folder / "feedback", out / "feedback", dirs_exist_ok=True)
+    write_outputs(subs, problems, out)
+    return subs, problems
+
+
+def merge_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec.course.cohort merge",
+                                     description="Combine the results of cohort shards (--shard K/N) into one set.")
+    parser.add_argument("shards", type=Path, nargs="+", help="the --out folders of every shard")
+    parser.add_argument("--out", type=Path, default=Path("cohort-grades"), help="where the merged results go")
+    args = parser.parse_args(argv)
+    try:
+        subs, problems = merge(args.shards, args.out)
+    except ValueError as err:
+        print(f"cohort merge: {err}", file=sys.stderr)
+        return 2
+    print(f"merged {len(args.shards)} shards: {len(subs)} submissions, {sum(s.graded for s in subs)} graded; "
+          f"results in {args.out}/")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Autograde a cohort's submissions in parallel.")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["merge"]:
+        return merge_main(argv[1:])
+    parser = argparse.ArgumentParser(description="Autograde a cohort's submissions in parallel.",
+                                     epilog="Merge shards: python -m specdec.course.cohort merge SHARD_DIR ... --out DIR")
     parser.add_argument("submitted", type=Path, help="folder of <student>/<assignment>/<notebook>.ipynb")
     parser.add_argument("--out", type=Path, default=Path("cohort-grades"), help="where results go (default: cohort-grades/)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="submissions graded at once")
@@ -420,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per grading process and its "
                                                                    "kernel, in MB (default 8192)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the results are in --out)")
+    parser.add_argument("--shard", type=parse_shard, metavar="K/N",
+                        help="grade only shard K of N (students split by a hash of their name; 0 <= K < N) and "
+                             "write shard.json for merge")
     args = parser.parse_args(argv)
     say = (lambda *a, **k: None) if args.quiet else print
     if not args.submitted.is_dir():
@@ -428,6 +537,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or args.timeout <= 0 or args.cell_timeout <= 0 or args.memory_mb < 512:
         parser.error("--workers >= 1, --timeout > 0, --cell-timeout > 0 and --memory-mb >= 512, please")
     subs, problems = find_submissions(args.submitted, assignments())
+    if args.shard:
+        k, n = args.shard
+        subs = [s for s in subs if shard_of(s.student, n) == k]
+        problems = [p for p in problems if shard_of(_problem_student(p), n) == k]
+        if not subs:  # a small cohort can leave a shard empty: still a valid shard for merge
+            args.out.mkdir(parents=True, exist_ok=True)
+            write_outputs([], problems, args.out)
+            write_shard([], problems, args.shard, args.out)
+            say(f"shard {k}/{n}: no submissions")
+            return 0
     if not subs:
         print(f"cohort: no submissions under {args.submitted} (expected <student>/<assignment>/<notebook>.ipynb)",
               file=sys.stderr)
@@ -454,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}"
                       + (" (flagged)" if s.flagged else "") + (f"; {s.messages[0]}" if s.messages else ""), flush=True)
     write_outputs(subs, problems, args.out)
+    if args.shard:
+        write_shard(subs, problems, args.shard, args.out)
     wall = time.perf_counter() - start
     say(f"graded {sum(s.graded for s in subs)} of {len(subs)} submissions in {wall:.0f} s "
           f"({wall / len(subs):.1f} s per notebook); results in {args.out}/")
