@@ -71,7 +71,8 @@ mistakes)::
     09  benchmark          analysis, metrics, bench.speculative  analysis   test_bench, test_metrics
     10  pitfalls           pitfalls, buggy_decoder               pitfalls   test_pitfalls
     11  serving            serving.*, bench.serve                serving    test_serving
-    12  self-drafting      drafters.*, bench.drafters            drafters   test_self_drafting
+    12  self-drafting      drafters.*, bench.drafters,           drafters   test_self_drafting,
+                           viz.drafters                                     test_drafter_pictures
 
 The pipeline (release in sync, every notebook runs, solutions score full marks, blank skeletons
 zero) is ``tests/test_notebooks.py``; grading is ``tests/test_grading.py`` and ``tests/test_cohort.py``.
