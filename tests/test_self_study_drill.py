@@ -20,7 +20,7 @@ from specdec.drill.questions import NOTEBOOKS, TOPICS, ChoiceQuestion, DrillInpu
 from specdec.drill.session import draw_questions, mock_interview, templates
 from specdec.drill.written import REVISE, written_questions
 from specdec.paths import REPO_ROOT
-from test_layout import PACKAGE, find_cycle, import_graph
+from test_layout import PACKAGE, UPPER, find_cycle, import_graph
 
 SEEDS = range(10)
 NAMES = sorted(REGISTRY)
@@ -217,12 +217,12 @@ def test_help_explains_the_modes(capsys):
 
 def test_make_drill_passes_topic_seed_and_count_and_make_help_names_both_targets():
     def make(*args: str) -> str:
-        return subprocess.run(["make", "-n", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
 
     assert "-m specdec.drill --topic serving --seed 3 --count 2" in make("drill", "TOPIC=serving", "SEED=3", "COUNT=2")
     assert make("drill").rstrip().endswith("-m specdec.drill")
     assert "-m specdec.drill --mock --seed 5" in make("mock-interview", "SEED=5")
-    helped = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+    helped = subprocess.run(["make", "--no-print-directory", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
     assert "make drill" in helped and "make mock-interview" in helped
 
 
@@ -320,7 +320,10 @@ def test_mock_interview_widget_scores_written_answers_by_self_assessment():
 def test_nothing_below_the_drill_imports_it_and_there_is_no_cycle():
     graph = import_graph()
     assert find_cycle(graph) is None
-    outside = {m for m, deps in graph.items() if not m.startswith("specdec.drill")
+    outside = {m for m, deps in graph.items() if not m.startswith(UPPER)
                and any(d.startswith("specdec.drill") for d in deps)}
     assert not outside, f"{sorted(outside)} import specdec.drill: lessons never import the drill"
+    # the grader shows model answers with the drill's parser of written cells, and nothing else of the drill
+    course = {d for m, deps in graph.items() if m.startswith("specdec.course") for d in deps if d.startswith("specdec.drill")}
+    assert course <= {"specdec.drill.written"}, f"specdec.course imports {sorted(course)}"
     assert (PACKAGE / "drill" / "__main__.py").exists() and (REPO_ROOT / "solutions" / "specdec" / "drill").is_dir()
