@@ -9,6 +9,7 @@ import functools
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -142,6 +143,7 @@ class RoundTrip:
 BACKGROUND_JOBS: dict[str, Callable[[Path], object]] = {}
 _results: dict[str, Future] = {}
 _scratch: list[Path] = []
+_seconds: dict[str, float] = {}  # each background job's wall time, printed at the end of the session
 
 
 def background_job(fixture_name: str):
@@ -167,10 +169,12 @@ def _start(names: list[str]) -> None:
         for name, future in futures.items():
             scratch = Path(tempfile.mkdtemp(prefix=f"specdec-{name}-"))
             _scratch.append(scratch)
+            start = time.perf_counter()
             try:
                 future.set_result(BACKGROUND_JOBS[name](scratch))
             except BaseException as error:  # handed to the tests that need it
                 future.set_exception(error)
+            _seconds[name] = time.perf_counter() - start
 
     threading.Thread(target=run, name="pipeline-jobs", daemon=True).start()
 
@@ -182,6 +186,12 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if names:
         torch.set_num_threads(1)  # the in-process tests get one core, the background job the other
         _start(names)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _seconds:
+        jobs = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in _seconds.items())
+        terminalreporter.write_line(f"background jobs (one after another, beside the in-process tests): {jobs}")
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -13,7 +13,7 @@ from specdec.checks.core import CheckFailure, call_recorded, diagnose, fmt, not_
 from specdec.drafters.dynamic_tree import expand_dynamic_tree
 from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
 from specdec.drafters.medusa import medusa_candidates, medusa_head_logits
-from specdec.drafters.memory import KINDS, drafter_cost
+from specdec.drafters.memory import KINDS, DrafterCost, drafter_cost
 from specdec.mistakes import for_exercise
 from specdec.models.model import Llama, LlamaConfig
 
@@ -33,8 +33,10 @@ def _agree(got: Any, expected: Any) -> bool:
     return got == expected
 
 
-def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple]], requires=()) -> None:
-    """fn and reference on every case (description, args), on copies of the args; fail at the first disagreement."""
+def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple]], requires=(),
+             explain: Callable[[tuple, Any, Any], str] | None = None) -> None:
+    """fn and reference on every case (description, args), on copies of the args; fail at the first disagreement.
+    ``explain(args, expected, got)`` says what differs where no catalogued mistake reproduces the answer."""
     name = reference.__name__
     mistakes, history = for_exercise(name), []
     for description, args in cases:
@@ -45,6 +47,8 @@ def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple
         if not _agree(got, expected):
             note = upstream_note(fn, requires)
             hint = "" if note else diagnose(mistakes, history, rel=1e-6)
+            if not hint and not note and explain is not None:
+                hint = explain(args, expected, got)
             raise CheckFailure(f"{label}: expected {_describe(expected)}, got {_describe(got)}.{hint}{note}")
 
 
@@ -260,4 +264,68 @@ def check_drafter_cost(fn: Callable) -> None:
         cases.append((f"kind={kind!r}, target {configs[i]}, draft {drafts[i]}, batch_size={B}, context={ctx}, gamma={gamma}, "
                       f"tree_nodes={nodes}, bytes_per_value={b}, num_heads={K}",
                       (kind, configs[i], drafts[i], B, ctx, gamma, nodes, b, K)))
-    _compare(fn, drafter_cost, cases)
+    _compare(fn, drafter_cost, cases, explain=_explain_cost)
+
+
+def _cost_parts(kind: str, target: LlamaConfig, draft: LlamaConfig | None, num_heads: int) -> dict[str, int]:
+    """Named pieces of a drafter's parameter count, to recognise which one an answer got wrong."""
+    if kind.startswith("draft"):
+        c = draft
+        kv_width = c.n_kv_heads * c.head_dim
+        return {"the draft's embedding or its LM head (V * d)": c.vocab_size * c.d_model,
+                "k and v at the full width d instead of n_kv_heads * head_dim, in every layer":
+                    2 * c.n_layers * c.d_model * (c.d_model - kv_width),
+                "one decoder layer": 2 * c.d_model ** 2 + 2 * c.d_model * kv_width + 3 * c.d_model * c.d_ff + 2 * c.d_model,
+                "an MLP matrix (d * d_ff) in every layer": c.n_layers * c.d_model * c.d_ff,
+                "a norm (d) in every layer": c.n_layers * c.d_model, "the final norm (d)": c.d_model}
+    d, kv_width = target.d_model, target.n_kv_heads * target.head_dim
+    if kind == "medusa":
+        return {"a head's projection (V * d)": target.vocab_size * d, "a head's residual block (d * d + d)": d * d + d,
+                "a bias (d)": d}
+    if kind.startswith("eagle"):
+        return {"the fc (2d * d + d)": 2 * d * d + d, "the fc's bias (d)": d, "a norm (d)": d,
+                "k and v at the full width d instead of n_kv_heads * head_dim": 2 * d * (d - kv_width),
+                "an MLP matrix (d * d_ff)": d * target.d_ff, "the embedding or the LM head (V * d), which are shared "
+                "with the target and not counted": target.vocab_size * d}
+    return {}
+
+
+def _number(x: Any) -> str:
+    return f"{int(x):,}" if isinstance(x, (int, float)) and float(x).is_integer() else fmt(x)
+
+
+def _explain_cost(args: tuple, expected: Any, got: Any) -> str:
+    """Which fields differ and, where the weights differ by a whole number of one named piece, which piece."""
+    if not (isinstance(expected, DrafterCost) and isinstance(got, DrafterCost)):
+        return ""
+    kind, target, draft, batch_size, _, _, _, bytes_per_value, num_heads = args
+    lines = []
+    for field in ("weight_bytes", "kv_bytes", "draft_forwards", "verify_tokens"):
+        want, have = getattr(expected, field), getattr(got, field)
+        if want != have:
+            lines.append(f"{field} should be {_number(want)}, yours is {_number(have)}")
+    cause = ""
+    if expected.weight_bytes != got.weight_bytes and isinstance(got.weight_bytes, (int, float)):
+        off = (got.weight_bytes - expected.weight_bytes) / bytes_per_value
+        scale = num_heads if kind == "medusa" else 1
+        for name, values in _cost_parts(kind, target, draft, num_heads).items():
+            for times in (1, 2, scale):
+                if values and abs(abs(off) - times * values) < 0.5:
+                    more = "too many" if off > 0 else "missing"
+                    cause = (f" Your weights have {_number(abs(off))} values {more}: exactly "
+                             f"{'' if times == 1 else f'{times} x '}{name}.")
+                    break
+            if cause:
+                break
+    elif expected.kv_bytes and got.kv_bytes != expected.kv_bytes and isinstance(got.kv_bytes, (int, float)):
+        ratio = got.kv_bytes / expected.kv_bytes
+        c = draft if kind.startswith("draft") else target
+        causes = [why for factor, why in (
+            (2, "count K and V once each: 2 * layers * n_kv_heads * head_dim values per token"),
+            (batch_size, "the KV is for the whole batch: batch_size * context tokens"),
+            (c.n_heads / c.n_kv_heads, "the cache holds n_kv_heads heads (grouped-query), not n_heads"),
+            (bytes_per_value, "bytes are values times bytes_per_value"))
+            if factor != 1 and (abs(ratio - factor) < 1e-9 or abs(ratio - 1 / factor) < 1e-9)]
+        if causes:  # more than one factor can fit one case: name them all rather than guess
+            cause = f" Your kv_bytes is {_number(ratio)} x the right one; check " + ", or ".join(causes) + "."
+    return " " + "; ".join(lines) + "." + cause

@@ -93,6 +93,7 @@ def _table_cases(seed: int, keep: bool) -> list[tuple[str, tuple]]:
 
 def check_reserve_slots(fn: Callable) -> None:
     fixed = [("free_blocks=[9, 8, 7, 6], block_table=[], num_slots=5, block_size=4", ([9, 8, 7, 6], [], 5, 4)),
+             ("free_blocks=[9, 8], block_table=[3, 4], num_slots=12, block_size=4", ([9, 8], [3, 4], 12, 4)),
              ("free_blocks=[9, 8], block_table=[3], num_slots=12, block_size=4", ([9, 8], [3], 12, 4)),
              ("free_blocks=[9], block_table=[3], num_slots=12, block_size=4", ([9], [3], 12, 4))]
     _compare_in_place(fn, reserve_slots, fixed + _table_cases(seed=11, keep=False), _table_outcome)

@@ -12,9 +12,10 @@ from specdec.serving.sequence import SeqStatus
 
 
 # ---- reserve_slots ------------------------------------------------------------------------
-def _reserve(free, table, num_slots, block_size, *, count=blocks_for, partial=False, fresh=False, peek=False):
+def _reserve(free, table, num_slots, block_size, *, count=blocks_for, partial=False, fresh=False, peek=False,
+             exactly_short=False):
     missing = count(num_slots, block_size) - (0 if fresh else len(table))
-    if missing > len(free) and not partial:
+    if (missing >= len(free) > 0 if exactly_short else missing > len(free)) and not partial:
         return False
     ok = missing <= len(free)
     for _ in range(max(min(missing, len(free)), 0)):
@@ -166,6 +167,9 @@ MISTAKES = [
        "(the caller does not know the request holds them)."),
     _m("reserve_slots", "fresh_blocks", lambda *a: _reserve(*a, fresh=True),
        "count the blocks the table already has: only ceil(num_slots / block_size) - len(block_table) are missing."),
+    _m("reserve_slots", "exactly_enough_refused", lambda *a: _reserve(*a, exactly_short=True),
+       "exactly as many free blocks as are missing is enough: refuse only when len(free_blocks) is smaller than "
+       "the number of blocks missing (compare with >, not >=)."),
     _m("reserve_slots", "peek_not_pop", lambda *a: _reserve(*a, peek=True),
        "take blocks with free_blocks.pop(): reading free_blocks[-1] leaves the block in the free list, so two "
        "requests end up sharing it."),
