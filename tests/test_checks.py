@@ -256,3 +256,29 @@ def test_the_sampling_checks_memoized_models_give_the_plain_models_outputs():
         assert len(target._memo) == seen + 2 and not torch.equal(changed, first)
         assert torch.equal(first, plain[0](torch.tensor([[1, 2, 3, 4]]))[:, -1:]) or torch.allclose(
             first, plain[0](torch.tensor([[1, 2, 3, 4]]))[:, -1:], atol=1e-5)
+
+
+def test_changing_an_input_in_place_fails_with_what_changed():
+    """A pure exercise that changes the caller's list or tensor loses its points, whatever it returns."""
+    def find_match(tokens, n):
+        answer = lookup.find_match(list(tokens), n)
+        tokens.append(0)  # the caller's list now has a token it never generated
+        return answer
+
+    with pytest.raises(CheckFailure, match=r"find_match\(.*changed its argument 1 in place: it was \["):
+        lookup_checks.check_find_match(find_match)
+
+    def greedy_verify(draft, target_logits):
+        answer = greedy.greedy_verify(draft, target_logits)
+        target_logits[0, 0] = 1e9  # a scratch write into the target's logits
+        return answer
+
+    with pytest.raises(CheckFailure, match="changed its argument 2 in place"):
+        greedy_checks.check_greedy_verify(greedy_verify)
+
+    def acceptance_rate(p, q):
+        q /= q.sum() * 2  # a normalisation done in place, and wrongly
+        return rejection.acceptance_rate(p, q * 2)
+
+    with pytest.raises(CheckFailure, match="changed its argument 2 in place"):
+        rejection_checks.check_acceptance_rate(acceptance_rate)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -47,16 +48,68 @@ def not_implemented(fn: Callable, label: str, err: NotImplementedError) -> Check
     return CheckFailure(f"{label}: not implemented yet (the skeleton still raises NotImplementedError)")
 
 
-def call(fn: Callable, label: str, *args: Any) -> Any:
-    """Call the learner's function, turning an exception into a readable failure."""
+def call(fn: Callable, label: str, *args: Any, changes_inputs: bool = False) -> Any:
+    """Call the learner's function, turning an exception into a readable failure, and (unless the exercise is
+    meant to change them: ``changes_inputs``) failing when it changed a list, dict or tensor it was given."""
+    before = None if changes_inputs else snapshot_inputs(args)
     try:
-        return fn(*args)
+        result = fn(*args)
     except NotImplementedError as err:
         raise not_implemented(fn, label, err) from None
     except CheckFailure:
         raise
     except Exception as err:  # the learner's bug, reported with its input
         raise CheckFailure(f"{label} raised {type(err).__name__}: {err}") from None
+    if before is not None:
+        expect_untouched(label, args, before)
+    return result
+
+
+_NOT_DATA = object()  # an argument the snapshot leaves out (a model, a cache, a generator, a config)
+
+
+def snapshot_inputs(args: Sequence[Any]) -> list[Any]:
+    """Copies of the arguments a pure function must leave as they were: lists, tuples, dicts, sets and tensors."""
+    def plain(value: Any, depth: int = 0) -> bool:  # numbers, strings, tensors and containers of them
+        if isinstance(value, (bool, int, float, str, type(None), torch.Tensor)):
+            return True
+        if depth < 4 and isinstance(value, (list, tuple, set)):
+            return all(plain(v, depth + 1) for v in value)
+        if depth < 4 and isinstance(value, dict):
+            return all(plain(k, depth + 1) and plain(v, depth + 1) for k, v in value.items())
+        return False
+
+    def copy_of(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        if isinstance(value, (list, tuple, dict, set)) and plain(value):
+            return copy.deepcopy(value)
+        return _NOT_DATA  # a model, a cache, a generator, a config, or a list of objects the exercise may update
+    return [copy_of(a) for a in args]
+
+
+def _identical(now: Any, before: Any) -> bool:
+    if isinstance(before, torch.Tensor):
+        return (isinstance(now, torch.Tensor) and now.dtype == before.dtype and now.shape == before.shape
+                and bool(torch.equal(now.detach(), before)) if not before.is_floating_point()
+                else isinstance(now, torch.Tensor) and now.shape == before.shape
+                and bool(torch.equal(now.detach().nan_to_num(), before.nan_to_num())))
+    if isinstance(before, (list, tuple)):
+        return (type(now) is type(before) and len(now) == len(before)
+                and all(_identical(a, b) for a, b in zip(now, before)))
+    if isinstance(before, dict):
+        return (isinstance(now, dict) and now.keys() == before.keys()
+                and all(_identical(now[k], before[k]) for k in before))
+    return now == before
+
+
+def expect_untouched(label: str, args: Sequence[Any], before: Sequence[Any]) -> None:
+    """Fail when the learner's function changed an argument that :func:`snapshot_inputs` copied."""
+    for i, (now, then) in enumerate(zip(args, before)):
+        if then is not _NOT_DATA and not _identical(now, then):
+            raise CheckFailure(f"{label} changed its argument {i + 1} in place: it was {_short(then)}, afterwards "
+                               f"{_short(now)}. The caller still needs its data: work on a copy (list(x), x.clone()) "
+                               "and return a new value instead of changing the one you were given.")
 
 
 def close(got: Any, expected: float, rel: float = 1e-9, abs_tol: float = 0.0) -> bool:
@@ -215,12 +268,16 @@ def upstream_note(fn: Callable, requires: Sequence[tuple[str, Callable[[Callable
 
 def call_recorded(fn: Callable, label: str, args: tuple, mistakes: Sequence[Mistake], history: list,
                   requires: Sequence[tuple[str, Callable[[Callable], None]]] = (), rel: float = 1e-9,
-                  named: Callable | None = None) -> Any:
+                  named: Callable | None = None, changes_inputs: bool = False) -> Any:
     """fn(*args) inside a check that keeps a history for :func:`diagnose`: an exception becomes a CheckFailure
     naming the input and the likely mistake (or the failing exercise fn calls). ``named``: the learner's function
-    when fn wraps it."""
+    when fn wraps it. Unless ``changes_inputs``, changing a list or tensor argument in place fails."""
+    before = None if changes_inputs else snapshot_inputs(args)
     try:
-        return fn(*args)
+        result = fn(*args)
+        if before is not None:
+            expect_untouched(label, args, before)
+        return result
     except NotImplementedError as err:
         raise not_implemented(named or fn, label, err) from None
     except CheckFailure:
@@ -251,6 +308,7 @@ def compare_cases(
     for description, args in cases:
         label = f"{name}({description})"
         expected = reference(*args)
+        before = snapshot_inputs(args)
         try:
             got = fn(*args)
         except NotImplementedError as err:
@@ -260,6 +318,7 @@ def compare_cases(
             note = upstream_note(fn, requires)  # a wrong function this one calls explains it better than a hint
             hint = "" if note else diagnose(mistakes, history, rel=rel)
             raise CheckFailure(f"{label} raised {type(err).__name__}: {err}.{hint}{note}") from None
+        expect_untouched(label, args, before)
         if isinstance(got, torch.Tensor):
             raise CheckFailure(f"{label} returned a tensor ({got!r}); return a Python {'int' if integer else 'float'} "
                                f"(use {'int' if integer else 'float'}(...) or .item()).")

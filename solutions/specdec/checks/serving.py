@@ -51,7 +51,8 @@ def _compare_in_place(fn: Callable, reference: Callable, cases: Iterable[tuple[s
     for count, (description, args) in enumerate(cases):
         label = f"{name}({description})"
         expected = expected_of(*args)
-        got = call_recorded(learner, label, args, mistakes, history, requires, rel=0.0, named=fn)
+        got = call_recorded(learner, label, args, mistakes, history, requires, rel=0.0, named=fn,
+                            changes_inputs=True)
         history.append((args, got))
         if got != expected:
             wrong = [f"{what} should be {fmt(want)}, got {fmt(have)}" for (what, want), (_, have) in zip(expected, got)
