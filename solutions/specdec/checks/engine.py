@@ -18,7 +18,7 @@ import torch
 from specdec import engine
 from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, single_threaded, upstream_note
 from specdec.checks.memo import memoized
-from specdec.checks.stats import compare_frequencies
+from specdec.checks.stats import sample_and_compare
 from specdec.greedy import greedy_verify
 from specdec.mistakes import for_exercise
 from specdec.models.model import KVCache, Llama, LlamaConfig
@@ -232,16 +232,16 @@ def _check_propose_samples(fn: Callable, draft: Llama, n: int = 1500) -> None:
         second = params.probs(draft(torch.tensor([context + [y] for y in range(draft.config.vocab_size)]))[:, -1])
     exact = {(a, b): float(first[a] * second[a, b]) for a in range(len(first)) for b in range(len(first))}
     g = torch.Generator().manual_seed(5)
-    label = f"propose(gamma={gamma}, params={params}) after {context}, {n} seeded runs"
-    samples = []
-    for _ in range(n):
+    label = f"propose(gamma={gamma}, params={params}) after {context}, seeded runs"
+
+    def draw() -> tuple:
         cache = KVCache(draft.config)
         with torch.no_grad():  # the check's own prefill (the same K and V; no autograd graph, so it is memoized)
             draft(torch.tensor([context[:-1]]), cache)
         drafts, _ = call(fn, label, draft, cache, context[-1:], gamma, params, g)
-        samples.append(tuple(drafts))
-    compare_frequencies(samples, exact, label + ": the pair of drafts",
-                        hint="Sample each draft from q with the generator (e.g. specdec.sampling.sample(q, generator)).")
+        return tuple(drafts)
+    sample_and_compare(draw, n, exact, label + ": the pair of drafts",
+                       hint="Sample each draft from q with the generator (e.g. specdec.sampling.sample(q, generator)).")
 
 
 # -- speculative_generate -------------------------------------------------------------
@@ -382,11 +382,9 @@ def _check_sampling(fn: Callable, name: str, n: int = 1500, through: Callable | 
     models = tuple(map(through, models)) if through is not None else models
     gamma = () if name == "target_only_generate" else (2,)
     label = f"{name}(small random models, prompt={prompt}, n_tokens=3{', gamma=2' if gamma else ''}, params={params})"
-    runs = []
-    for _ in range(n):
-        runs.append(tuple(expect_token_list(label, call(fn, label, *models, prompt, 3, *gamma, params, g), 3)))
-    compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the 3 tokens",
-                        hint="Sample with the request's params: params.probs(logits) applies temperature and top-k."
+    sample_and_compare(lambda: tuple(expect_token_list(label, call(fn, label, *models, prompt, 3, *gamma, params, g), 3)),
+                       n, exact, f"{label}, seeded runs: the 3 tokens",
+                       hint="Sample with the request's params: params.probs(logits) applies temperature and top-k."
                         + (" At temperature > 0 verify with verify_chain(params.probs(target logits), q, drafts, "
                            "generator), where q is what the drafts were drawn from." if gamma else ""))
 
@@ -576,10 +574,10 @@ def _check_stops_sampling(fn: Callable, n: int = 1500) -> None:
     g = torch.Generator().manual_seed(0)
     target, draft = sampling_pair()  # the same outputs, fewer forwards
     label = f"generate_until_stop(small random models, prompt={prompt}, {stop}, gamma=2, params={params})"
-    runs = []
-    for _ in range(n):
+
+    def draw() -> tuple:
         result = call(fn, label, target, draft, prompt, stop, 2, params, g)
         output = result[0] if isinstance(result, tuple) and result else result
-        runs.append(tuple(expect_token_list(label, output, len(output) if isinstance(output, list) else -1)))
-    compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the output",
-                        hint="Verify as in speculative_generate, then cut the committed tokens at the first stop.")
+        return tuple(expect_token_list(label, output, len(output) if isinstance(output, list) else -1))
+    sample_and_compare(draw, n, exact, f"{label}, seeded runs: the output",
+                       hint="Verify as in speculative_generate, then cut the committed tokens at the first stop.")

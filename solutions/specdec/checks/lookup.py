@@ -19,7 +19,7 @@ from specdec.checks.core import (
     upstream_note,
 )
 from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, sampling_pair, shipped_pair, target_joint, tiny_pair
-from specdec.checks.stats import compare_frequencies
+from specdec.checks.stats import sample_and_compare
 from specdec.engine import target_only_generate
 from specdec.greedy import greedy_verify
 from specdec.params import GREEDY, SamplingParams
@@ -201,9 +201,7 @@ def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
     exact = target_joint(tiny_pair(vocab=6, noise=0.5, seed=3)[0], prompt, params)
     g = torch.Generator().manual_seed(0)
     label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
-    runs = []
-    for _ in range(n):
-        runs.append(tuple(expect_token_list(label, call(fn, label, target, prompt, 3, 2, params, g), 3)))
-    compare_frequencies(runs, exact, f"{label}, {n} seeded runs: the 3 tokens",
-                        hint="A proposal is deterministic: verify with q one-hot at each draft (accept y with "
+    sample_and_compare(lambda: tuple(expect_token_list(label, call(fn, label, target, prompt, 3, 2, params, g), 3)),
+                       n, exact, f"{label}, seeded runs: the 3 tokens",
+                       hint="A proposal is deterministic: verify with q one-hot at each draft (accept y with "
                              "probability p(y); on rejection sample from p with y removed).")
