@@ -62,7 +62,8 @@ def greedy_verify(draft: torch.Tensor, target_logits: torch.Tensor) -> torch.Ten
 
     draft: (gamma,) token ids. target_logits: (gamma + 1, V), row i scoring the token
     after prefix + draft[:i]. Returns the committed tokens, (k + 1,): the k leading
-    drafts that equal the target's argmax, then the target's own token at position k.
+    drafts that equal the target's argmax (the lowest id on a tie), then the target's own
+    token at position k.
     """
     check_tensor(target_logits, "target_logits", 2, floating=True)
     check_token_ids(draft, "draft", target_logits.shape[-1], ndim=1)
@@ -81,6 +82,7 @@ def greedy_verify_batched(draft: torch.Tensor, target_logits: torch.Tensor) -> t
 
     draft: (B, gamma); target_logits: (B, gamma + 1, V). Returns tokens (B, gamma + 1),
     row b holding its committed tokens then PAD, and n_committed (B,) in 1..gamma + 1.
+    The target's token is its argmax, the lowest id on a tie.
     """
     check_tensor(target_logits, "target_logits", 3, floating=True)
     check_token_ids(draft, "draft", target_logits.shape[-1], ndim=2)

@@ -53,9 +53,40 @@ def _verify_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.
     return cases
 
 
+def _tied_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """The course's vocabulary (256) with logits on three levels, so every row has dozens of tied maxima: the target's
+    token is the lowest tied id, and a draft of another tied id (or of the highest, as a last-index argmax
+    would pick) is a mismatch."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    cases = []
+    for _ in range(n):
+        gamma = rng.randint(1, 6)
+        logits = torch.randint(0, 3, (gamma + 1, 256), generator=g).float()
+        target = logits.argmax(-1)
+        k = rng.randint(0, gamma)
+        draft = target[:gamma].clone()
+        if k < gamma:
+            tied = (logits[k] == logits[k].max()).nonzero().flatten()
+            draft[k] = tied[-1] if rng.random() < 0.5 else tied[rng.randrange(1, len(tied))]
+        cases.append((draft, logits, k))
+    return cases
+
+
+def _tie_note(logits: torch.Tensor) -> str:
+    tied = [(i, (row == row.max()).nonzero().flatten().tolist()) for i, row in enumerate(logits)]
+    tied = [(i, ids) for i, ids in tied if len(ids) > 1]
+    if not tied:
+        return ""
+    i, ids = tied[0]
+    return (f" Row {i} of target_logits has its maximum at ids {ids[:4] + ['...'] if len(ids) > 4 else ids}: the target's "
+            f"token is the lowest of them, {ids[0]} (torch.argmax), and any other tied id is a mismatch.")
+
+
 def check_greedy_verify(fn: Callable) -> None:
-    """200 random rounds: every k from 0 to gamma, V from 2 to 50, matches after a mismatch."""
-    for draft, logits, k in _verify_cases(random.Random(_SEED), 200):
+    """200 random rounds: every k from 0 to gamma, V from 2 to 50, matches after a mismatch; then 40 rounds at
+    V = 256 with tied maxima."""
+    rng = random.Random(_SEED)
+    for draft, logits, k in _verify_cases(rng, 200) + _tied_cases(rng, 40):
         label = f"greedy_verify(draft={draft.tolist()}, target argmax={logits.argmax(-1).tolist()})"
         got = call(fn, label, draft, logits)
         expected = greedy.greedy_verify(draft, logits)
@@ -64,7 +95,8 @@ def check_greedy_verify(fn: Callable) -> None:
         if not same(got, expected):
             raise CheckFailure(
                 f"{label}: {k} draft(s) match before the first mismatch, so expected {expected.tolist()}, "
-                f"got {got.tolist()}." + diagnose(for_exercise("greedy_verify"), [((draft, logits), got)])
+                f"got {got.tolist()}." + (diagnose(for_exercise("greedy_verify"), [((draft, logits), got)])
+                                          or _tie_note(logits))
             )
         if got.dtype != torch.long:
             raise CheckFailure(f"{label}: the right tokens, but as {got.dtype}; return a long (int64) tensor, the dtype "
@@ -85,6 +117,8 @@ def check_greedy_verify_batched(fn: Callable) -> None:
         for gamma in (1, 3, 5):
             V = rng.choice([3, 10, 50])
             logits = torch.randn(B, gamma + 1, V, generator=g)
+            if B == 7:  # the course's vocabulary, logits on three levels: tied maxima in every row
+                V, logits = 256, torch.randint(0, 3, (B, gamma + 1, 256), generator=g).float()
             target = logits.argmax(-1)
             draft = torch.randint(0, V, (B, gamma), generator=g)
             for b in range(B):  # row b agrees with the target on a random prefix
