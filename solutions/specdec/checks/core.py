@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -382,3 +383,40 @@ def single_threaded(check: Callable) -> Callable:
             torch.set_num_threads(threads)
 
     return run
+
+
+@contextlib.contextmanager
+def uniforms_at_zero():
+    """While inside, every uniform drawn with torch.rand, torch.rand_like or Tensor.uniform_ is exactly 0 (a draw that
+    U[0, 1) allows): the one input that tells an acceptance test ``u < p / q`` from ``u <= p / q``, which accepts a
+    token of probability 0. Sampling with torch.multinomial is left as it is."""
+    rand, rand_like, uniform_ = torch.rand, torch.rand_like, torch.Tensor.uniform_
+
+    def zeros(*size, generator=None, dtype=None, device=None, out=None, **_):
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        return torch.zeros(shape, dtype=dtype or torch.get_default_dtype(), device=device)
+
+    def zeros_like(input, *, dtype=None, **_):
+        return torch.zeros_like(input, dtype=dtype)
+
+    def fill_low(self, low=0.0, high=1.0, *, generator=None):
+        return self.fill_(low)
+
+    torch.rand, torch.rand_like, torch.Tensor.uniform_ = zeros, zeros_like, fill_low
+    try:
+        yield
+    finally:
+        torch.rand, torch.rand_like, torch.Tensor.uniform_ = rand, rand_like, uniform_
+
+
+def is_int_list(values: Any) -> bool:
+    """A list of Python ints (not tensors, not bools): what "a list of ints" promises."""
+    return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def describe_types(values: Any) -> str:
+    """'a list of Tensor' / 'a tuple of int': what a learner returned, for a type mismatch message."""
+    if isinstance(values, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in values})
+        return f"a {type(values).__name__} of {' and '.join(kinds) or 'nothing'}"
+    return f"a {type(values).__name__}"

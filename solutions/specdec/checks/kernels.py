@@ -63,6 +63,46 @@ def expect_guards_intact(label: str, outputs: dict[str, torch.Tensor]) -> None:
                                f"one, writes into whatever memory follows; on a GPU it can crash)")
 
 
+@contextlib.contextmanager
+def loads_counted(watched: dict[str, torch.Tensor]) -> Iterator[dict[str, int]]:
+    """Counts, per watched tensor, the elements the interpreter loads from it while inside (masked-off lanes do not
+    count). Yields the counts; empty when the kernels run compiled on a GPU, where loads cannot be counted."""
+    counts = {name: 0 for name in watched}
+    if device().type != "cpu":
+        yield {}
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in watched.items()}
+    original = InterpreterBuilder.create_masked_load
+
+    def counting(self, ptrs, mask, other, cache_policy, is_volatile):
+        addresses = np.asarray(ptrs.data)[np.asarray(mask.data, dtype=bool)]
+        for name, (start, end) in ranges.items():
+            counts[name] += int(((addresses >= start) & (addresses < end)).sum())
+        return original(self, ptrs, mask, other, cache_policy, is_volatile)
+
+    InterpreterBuilder.create_masked_load = counting
+    try:
+        yield counts
+    finally:
+        InterpreterBuilder.create_masked_load = original
+
+
+def expect_one_pass(kernel: Callable, name: str, label: str, run: Callable[[Callable, dict], object],
+                    inputs: dict[str, torch.Tensor]) -> None:
+    """The statement asks for one pass over the row: each element of each input is loaded once, not twice."""
+    watched = {key: guarded(t, 0.0) for key, t in inputs.items()}
+    with loads_counted(watched) as counts:
+        launch(kernel, name, label, lambda k: run(k, watched))
+    for key, count in counts.items():
+        if count > watched[key].numel():
+            raise CheckFailure(f"{label}: the kernel loaded {count} elements of {key}, which has {watched[key].numel()}: "
+                               f"{count / watched[key].numel():.2g} loads per element. The statement asks for one pass: "
+                               "load each block once and update the running state from it (a first pass for the "
+                               "maximum and a second for the rest reads the row twice, twice the memory traffic).")
+
+
 def _is_kernel(fn: object) -> bool:
     return hasattr(fn, "fn") and hasattr(fn, "__getitem__")
 
@@ -195,6 +235,9 @@ def check_race_kernel(kernel: Callable) -> None:
             raise CheckFailure(f"{label}: row {row}: expected column {int(expected[row])} (score "
                                f"{float(w[row, expected[row]] / e[row, expected[row]]):.4g}), got {int(got[row])}{never}."
                                + hint("race_kernel", run, got, _same_ints))
+    w, e = race_cases()[-1][1:3]
+    expect_one_pass(kernel, "race_kernel", "race_kernel on B = 8, V = 1000, BLOCK_V = 128, loads counted",
+                    lambda k, t: ref.race(t["w"], t["e"], block_v=128, kernel=k), {"w": w, "e": e})
     expect_compiles(kernel, "race_kernel")
 
 
@@ -246,6 +289,9 @@ def check_logsumexp_kernel(kernel: Callable) -> None:
             never = " (NaN can also mean the kernel never stored out[b])" if got[row].isnan() else ""
             raise CheckFailure(f"{label}: row {row}: expected {float(expected[row]):.6g}, got {float(got[row]):.6g}"
                                f"{never}." + hint("logsumexp_kernel", run, got, _same_floats))
+    x = logsumexp_cases()[-1][1]
+    expect_one_pass(kernel, "logsumexp_kernel", "logsumexp_kernel on B = 5, V = 1000, BLOCK_V = 128, loads counted",
+                    lambda k, t: ref.logsumexp(t["x"], block_v=128, kernel=k), {"x": x})
     expect_compiles(kernel, "logsumexp_kernel")
 
 

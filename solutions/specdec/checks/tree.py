@@ -8,7 +8,17 @@ from collections.abc import Callable
 import torch
 
 from specdec import tree as ref
-from specdec.checks.core import CheckFailure, call, diagnose, expect_reproducible, same, single_threaded
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    describe_types,
+    diagnose,
+    expect_reproducible,
+    is_int_list,
+    same,
+    single_threaded,
+    uniforms_at_zero,
+)
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 from specdec.models.model import KVCache, LlamaConfig
@@ -60,6 +70,12 @@ def check_flatten_tree(fn: Callable) -> None:
             raise CheckFailure(f"{label}: expected parents={expected.parents}, depths={expected.depths}, "
                                f"ranks={expected.ranks}; got {got!r}. Nodes go root first, then by depth, then by "
                                f"path.{hint}")
+        for name in ("parents", "depths", "ranks"):
+            field = getattr(got, name)
+            if not (isinstance(field, tuple) and is_int_list(list(field))):
+                raise CheckFailure(f"{label}: the right values, but {name} is {describe_types(field)}; the statement "
+                                   "asks for Tree(parents, depths, ranks) with three tuples of ints (a Tree is frozen "
+                                   "and hashable: tuple(...) each list).")
 
 
 def check_tree_mask(fn: Callable) -> None:
@@ -88,6 +104,9 @@ def check_tree_position_ids(fn: Callable) -> None:
             if not isinstance(got, torch.Tensor) or got.dtype not in (torch.int64, torch.int32) or not same(got, expected):
                 raise CheckFailure(f"{label}: expected {expected.tolist()}, got {got!r}."
                                    + diagnose(for_exercise("tree_position_ids"), [((cache_len, list(depths)), got)]))
+            if got.dtype != torch.int64:
+                raise CheckFailure(f"{label}: the right positions, but as {got.dtype}; return a long (int64) tensor, "
+                                   "the dtype position ids and token ids have everywhere in the course.")
 
 
 def _greedy_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
@@ -110,7 +129,29 @@ def _greedy_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]
                 picks[spot] = best[parent]
             tokens[children] = picks
         cases.append((f"{desc}, case {k}", tokens, tree.parents, logits))
-    return cases + _tie_cases(n // 2)
+    return cases + _tie_cases(n // 2) + _tied_argmax_cases(n // 4)
+
+
+def _tied_argmax_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
+    """The course's vocabulary (256) with logits on three levels: dozens of tied maxima per node. The target's token
+    at a node is its argmax, the lowest tied id; children carry that id and other tied ids (an unstable sort or a
+    last-index argmax picks one of those)."""
+    rng, g = random.Random(_SEED + 3), torch.Generator().manual_seed(_SEED + 3)
+    cases = []
+    for k in range(n):
+        desc, choices = TREES[(0, 4, 2)[k % 3]]
+        tree = ref.flatten_tree(choices)
+        logits = torch.randint(0, 3, (len(tree), 256), generator=g).float()
+        tokens = torch.zeros(len(tree), dtype=torch.long)
+        for parent in range(len(tree)):
+            children = tree.children(parent)
+            tied = (logits[parent] == logits[parent].max()).nonzero().flatten()
+            picks = tied[torch.randperm(len(tied), generator=g)][: len(children)]
+            if children and rng.random() < 0.7 and int(tied[0]) not in picks.tolist():
+                picks[rng.randrange(len(children))] = tied[0]
+            tokens[children] = picks
+        cases.append((f"{desc}, V=256 with tied maxima, case {k}", tokens, tree.parents, logits))
+    return cases
 
 
 def _tie_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
@@ -144,9 +185,17 @@ def check_verify_tree_greedy(fn: Callable) -> None:
             raise CheckFailure(f"{label}: return a tuple (path, committed) of two lists of ints, got {got!r}")
         if _ints(got[0]) != expected[0] or _ints(got[1]) != expected[1]:
             raise CheckFailure(f"{label}: expected (path, committed) = {expected}, got {got!r}. The path is the "
-                               "longest one whose every token is the target's argmax at its parent; on a tie the "
-                               "earliest node wins." + diagnose(for_exercise("verify_tree_greedy"),
-                                                               [((tokens, list(parents), logits), got)]))
+                               "longest one whose every token is the target's argmax at its parent (the lowest id "
+                               "where several logits tie for the maximum); on a tie between paths the earliest node "
+                               "wins." + diagnose(for_exercise("verify_tree_greedy"),
+                                                  [((tokens, list(parents), logits), got)]))
+        _expect_int_lists(label, got)
+
+
+def _expect_int_lists(label: str, got) -> None:
+    if not (is_int_list(got[0]) and is_int_list(got[1])):
+        raise CheckFailure(f"{label}: the right values, but path is {describe_types(got[0])} and committed "
+                           f"{describe_types(got[1])}; return two lists of Python ints (int(t) each token).")
 
 
 def _ints(values) -> list[int] | None:
@@ -199,15 +248,34 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
                 raise CheckFailure(f"{label}: got path {path} and committed {committed}. The path starts at the root "
                                    "(0) and goes from parent to child; committed holds the tokens of path[1:], then "
                                    "the sampled token, so len(committed) == len(path).")
+            _expect_int_lists(label, got)
             runs.append(tuple(committed))
         compare_frequencies(runs, walk_distribution(tokens, tree, p), f"{label}, {n} seeded runs",
                             hint="Try the children in order; accept child x with probability r(x) / sum(r); after a "
                                  "rejection set r(x) = 0 (renormalising implicitly); if none is accepted, sample from r.")
+    _check_tree_at_zero_uniforms(fn)
     tree = ref.flatten_tree(ref.DEFAULT_CHOICES)
     p = torch.full((len(tree), 30), 1 / 30, dtype=torch.float64)
     tokens = torch.arange(len(tree)) % 30
     expect_reproducible(fn, "verify_tree_sampling(the default tree, p uniform over 30 tokens, generator)",
                         lambda seed: (tokens.clone(), tree, p, torch.Generator().manual_seed(seed)), seeds=range(5))
+
+
+def _check_tree_at_zero_uniforms(fn: Callable) -> None:
+    """Every uniform exactly 0: a child whose token has residual 0 must still be rejected (u * sum(r) < r(x) is
+    false), so the walk commits the one token with mass, 0. A test with <= walks into the impossible child."""
+    star = ref.flatten_tree(TREES[2][1])
+    p = torch.zeros(len(star), 5, dtype=torch.float64)
+    p[:, 0] = 1.0  # after every node, token 0 is certain
+    tokens = torch.tensor([0, 3, 1, 4, 2])  # the root's children carry tokens 3, 1, 4, 2: all of probability 0
+    label = (f"verify_tree_sampling(a star whose children's tokens {tokens[1:].tolist()} all have p = 0, p[root] = "
+             "one-hot on token 0, every uniform drawn exactly 0)")
+    with uniforms_at_zero():
+        got = call(fn, label, tokens.clone(), star, p, torch.Generator().manual_seed(0))
+    if not (isinstance(got, (tuple, list)) and len(got) == 2) or _ints(got[0]) != [0] or _ints(got[1]) != [0]:
+        raise CheckFailure(f"{label}: expected ([0], [0]) (every child rejected, token 0 sampled from r), got {got!r}. "
+                           "A uniform can be exactly 0: accept child x only when u * sum(r) < r(x), strictly, so a "
+                           "token with r(x) = 0 is never accepted.")
 
 
 def check_compact_cache(fn: Callable) -> None:
