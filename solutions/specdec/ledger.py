@@ -48,7 +48,8 @@ def decode_step_floor_s(n_params: int, bytes_per_param: float, bandwidth: float)
 
 
 def tokens_per_s_cap(n_params: int, bytes_per_param: float, bandwidth: float) -> float:
-    """Upper bound on batch-1 decode speed (tokens/s): one token per weight read."""
+    """Upper bound on batch-1 decode speed (tokens/s): one token per weight read.
+    Raises ValueError for a non-positive input (as decode_step_floor_s does)."""
     ### BEGIN SOLUTION
     return 1.0 / decode_step_floor_s(n_params, bytes_per_param, bandwidth)
     ### END SOLUTION
@@ -83,7 +84,8 @@ def speedup(a: float, gamma: int, c: float) -> float:
     """Speedup of speculative decoding over plain decoding.
 
     A round costs gamma draft steps (c target-steps each) plus one target step that
-    verifies all gamma+1 positions, and commits E tokens on average.
+    verifies all gamma+1 positions, and commits E tokens on average. Raises ValueError
+    unless 0 <= a <= 1 and gamma >= 0 (as expected_tokens_per_round does).
     """
     check_nonnegative_real(c, "c")
     ### BEGIN SOLUTION

@@ -323,8 +323,10 @@ def compare_cases(
         if isinstance(got, torch.Tensor):
             raise CheckFailure(f"{label} returned a tensor ({got!r}); return a Python {'int' if integer else 'float'} "
                                f"(use {'int' if integer else 'float'}(...) or .item()).")
-        if integer and isinstance(got, Real) and not isinstance(got, Integral):
-            raise CheckFailure(f"{label} returned {fmt(got)} of type {type(got).__name__}; return an int.")
+        if integer and isinstance(got, Real) and not (isinstance(got, int) and not isinstance(got, bool)):
+            kind = type(got).__name__ if type(got).__module__ == "builtins" else f"{type(got).__module__}.{type(got).__name__}"
+            raise CheckFailure(f"{label} returned {fmt(got)} of type {kind}; return an int (a Python int: int(...) "
+                               "around a numpy or torch number).")
         history.append((args, got))
         if not close(got, expected, rel=rel):
             note = upstream_note(fn, requires)
@@ -420,3 +422,17 @@ def describe_types(values: Any) -> str:
         kinds = sorted({type(v).__name__ for v in values})
         return f"a {type(values).__name__} of {' and '.join(kinds) or 'nothing'}"
     return f"a {type(values).__name__}"
+
+
+def expect_value_error(fn: Callable, label: str, *args: Any, why: str) -> None:
+    """The statement promises a ValueError for this bad input (the course's rule: bad input gets a clear error,
+    never a silent wrong number)."""
+    try:
+        got = fn(*args)
+    except ValueError:
+        return
+    except NotImplementedError as err:
+        raise not_implemented(fn, label, err) from None
+    except Exception as err:
+        raise CheckFailure(f"{label} raised {type(err).__name__}: {err}; expected a ValueError ({why}).") from None
+    raise CheckFailure(f"{label} returned {fmt(got)}; expected a ValueError: {why}.")

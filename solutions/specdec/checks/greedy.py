@@ -8,7 +8,17 @@ from collections.abc import Callable
 import torch
 
 from specdec import greedy
-from specdec.checks.core import CheckFailure, call, diagnose, expect_no_loop_over, same, single_threaded, upstream_note
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    describe_types,
+    diagnose,
+    expect_no_loop_over,
+    is_int_list,
+    same,
+    single_threaded,
+    upstream_note,
+)
 from specdec.mistakes import for_exercise
 from specdec.models.toy import ToyLM, greedy_generate
 
@@ -31,6 +41,9 @@ def check_round_shapes(fn: Callable) -> None:
                             f"{label}.{name}: expected {getattr(expected, name)}, got {value!r}."
                             + diagnose(for_exercise("round_shapes"), [((P, gamma, k), got)])
                         )
+                    if not is_int_list([value]):
+                        raise CheckFailure(f"{label}.{name}: the right value, but as {type(value).__name__} "
+                                           f"({value!r}); every field is a count of tokens or positions: an int.")
 
 
 def _verify_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -86,8 +99,11 @@ def check_greedy_verify(fn: Callable) -> None:
     """200 random rounds: every k from 0 to gamma, V from 2 to 50, matches after a mismatch; then 40 rounds at
     V = 256 with tied maxima."""
     rng = random.Random(_SEED)
-    for draft, logits, k in _verify_cases(rng, 200) + _tied_cases(rng, 40):
-        label = f"greedy_verify(draft={draft.tolist()}, target argmax={logits.argmax(-1).tolist()})"
+    cases = _verify_cases(rng, 200) + _tied_cases(rng, 40)
+    cases += [(draft.int(), logits, k) for draft, logits, k in cases[:10]]  # int32 token ids are token ids too
+    for draft, logits, k in cases:
+        label = (f"greedy_verify(draft={draft.tolist()}{'' if draft.dtype == torch.long else f' as {draft.dtype}'}, "
+                 f"target argmax={logits.argmax(-1).tolist()})")
         got = call(fn, label, draft, logits)
         expected = greedy.greedy_verify(draft, logits)
         if not isinstance(got, torch.Tensor) or got.ndim != 1:
@@ -124,7 +140,9 @@ def check_greedy_verify_batched(fn: Callable) -> None:
             for b in range(B):  # row b agrees with the target on a random prefix
                 k = rng.randint(0, gamma)
                 draft[b, :k] = target[b, :k]
-            label = f"greedy_verify_batched(B={B}, gamma={gamma}, V={V})"
+            if B == 2:
+                draft = draft.int()  # int32 ids: the outputs are long all the same
+            label = f"greedy_verify_batched(B={B}, gamma={gamma}, V={V}, draft of {draft.dtype})"
             got = call(fn, label, draft, logits)
             if not (isinstance(got, tuple) and len(got) == 2):
                 raise CheckFailure(f"{label}: return (tokens, n_committed), got {type(got).__name__}")
@@ -211,6 +229,10 @@ def _check_generate(fn: Callable) -> None:
                                            " Each round commits the accepted drafts plus one target token."
                                            + diagnose(for_exercise("speculative_greedy_generate"),
                                                       [((target, draft, prompt_t, n_tokens, gamma), got)]))
+                    if tokens.dtype != torch.long or not is_int_list(list(per_round)):
+                        raise CheckFailure(f"{label}: the right values, but tokens are {tokens.dtype} and the counts "
+                                           f"{describe_types(per_round)}; return a long (int64) tensor of tokens and a "
+                                           "list of Python ints (int(...) each count), as the signature says.")
                     if counting.calls != len(expected_rounds):
                         raise CheckFailure(f"{label}: the target was called {counting.calls} times for "
                                            f"{len(expected_rounds)} rounds; "

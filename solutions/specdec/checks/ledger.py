@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from specdec import ledger
-from specdec.checks.core import compare_cases
+from specdec.checks.core import compare_cases, expect_value_error
 from specdec.tables import ModelConfig, load_gpus, load_models
 
 _SEED = 2024
@@ -59,12 +59,15 @@ def _hardware_cases() -> list[tuple[str, tuple]]:
     for _ in range(20):
         n, nbytes, bw = rng.randint(1, 10**12), rng.choice([4, 2, 1, 0.5]), rng.uniform(1e9, 1e13)
         cases.append((f"n_params={n}, bytes_per_param={nbytes}, bandwidth={bw:g}", (n, nbytes, bw)))
+    for bw in (5e5, 2.5e4):  # a slow link (bytes/s, as always): nothing special about a small number
+        cases.append((f"n_params=1000000, bytes_per_param=2, bandwidth={bw:g}", (1_000_000, 2, bw)))
     return cases
 
 
 def _rate_gamma_pairs() -> list[tuple[float, int]]:
     pairs = [(0.8, 4), (0.5, 3), (0.9, 8)]  # telling cases first: they separate the catalogued mistakes
     pairs += [(a, g) for a in (0.0, 0.3, 0.5, 0.8, 0.9, 0.99, 0.9999, 0.99999, 1.0) for g in (0, 1, 2, 4, 8, 16, 40)]
+    pairs += [(1, 4), (0, 3), (1, 0)]  # a given as an int: 0 <= a <= 1 allows it
     rng = random.Random(_SEED)
     pairs += [(rng.random(), rng.randint(0, 40)) for _ in range(40)]
     return pairs
@@ -80,6 +83,9 @@ def check_decode_floor(step_fn: Callable, cap_fn: Callable) -> None:
     cases = _hardware_cases()
     compare_cases(step_fn, ledger.decode_step_floor_s, cases)
     compare_cases(cap_fn, ledger.tokens_per_s_cap, cases, requires=[("decode_step_floor_s", _check_step)])
+    for args in ((0, 2, 3.35e12), (7_000_000_000, -2, 3.35e12), (7_000_000_000, 2, 0.0)):
+        expect_value_error(cap_fn, f"tokens_per_s_cap{args}", *args,
+                           why="a model, a precision and a bandwidth are positive; decode_step_floor_s checks them")
 
 
 def check_kv_bytes_per_token(fn: Callable) -> None:
@@ -102,9 +108,14 @@ def check_expected_tokens_per_round(fn: Callable) -> None:
 def check_speedup(fn: Callable) -> None:
     """Rates, draft lengths and cost ratios including a free draft (c = 0)."""
     costs = (0.0, 0.01, 0.05, 0.114, 0.5, 1.0)
-    cases = [(f"a={a!r}, gamma={g}, c={c!r}", (a, g, c)) for a, g in _rate_gamma_pairs()[:42] for c in costs]
+    pairs = _rate_gamma_pairs()
+    pairs = pairs[:42] + [(a, g) for a, g in pairs if a in (1, 0.99999)]  # a = 1 exactly, and next to it
+    cases = [(f"a={a!r}, gamma={g}, c={c!r}", (a, g, c)) for a, g in pairs for c in costs]
     compare_cases(fn, ledger.speedup, cases, rel=1e-7,
                   requires=[("expected_tokens_per_round", check_expected_tokens_per_round)])
+    for a, gamma in ((1.5, 4), (-0.1, 4), (0.8, -1)):
+        expect_value_error(fn, f"speedup(a={a}, gamma={gamma}, c=0.05)", a, gamma, 0.05,
+                           why="a is a probability (0 <= a <= 1) and gamma >= 0; expected_tokens_per_round checks both")
 
 
 def check_best_gamma(fn: Callable) -> None:

@@ -32,6 +32,12 @@ def _pairs() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ("a token with p = q = 0 (top-k truncation)", torch.tensor([0.5, 0.5, 0.0], dtype=d),
          torch.tensor([0.3, 0.7, 0.0], dtype=d)),
     ]
+    cases += [
+        ("a residual of total mass 2e-10 (p and q differ in the tenth digit)",
+         torch.tensor([0.5 + 1e-10, 0.5 - 1e-10], dtype=d), torch.tensor([0.5, 0.5], dtype=d)),
+        ("q >= p everywhere by rounding (p != q, every p - q <= 0)",
+         torch.tensor([0.5, 0.5], dtype=d), torch.tensor([0.5, 0.5 + 1e-7], dtype=d)),
+    ]
     g = torch.Generator().manual_seed(_SEED)
     for i in range(15):
         V = [2, 3, 5, 8, 20][i % 5]
@@ -63,13 +69,18 @@ def _tensor_result(got, label: str, V: int) -> torch.Tensor:
 
 
 def check_residual_distribution(fn: Callable) -> None:
-    """Normalised, no NaN at p == q, p without the proposed token for a one-hot q."""
-    for desc, p, q in _pairs():
+    """Normalised, no NaN at p == q, p without the proposed token for a one-hot q; float32 inputs give float64."""
+    pairs = _pairs()
+    pairs += [(f"{desc}, given as float32", p.float(), q.float()) for desc, p, q in pairs[:1] + pairs[-3:]]
+    for desc, p, q in pairs:
         label = _label("residual_distribution", desc, p, q)
         got = _tensor_result(call(fn, label, p, q), label, len(p))
         expected = rejection.residual_distribution(p, q)
         if not torch.allclose(got, expected, atol=1e-9):
-            raise CheckFailure(f"{label}: expected {_fmt(expected)}, got {_fmt(got)}."
+            tiny = float((p.double() - q.double()).clamp(min=0).sum())
+            why = (f" The residual's mass is {tiny:.3g}: small, but not 0; normalise it (only a mass of exactly 0 "
+                   "falls back to p)." if 0 < tiny < 1e-6 else "")
+            raise CheckFailure(f"{label}: expected {_fmt(expected)}, got {_fmt(got)}.{why}"
                                + diagnose(for_exercise("residual_distribution"), [((p, q), got)]))
 
 
@@ -78,9 +89,8 @@ def check_output_paths(fn: Callable) -> None:
     for desc, p, q in _pairs():
         label = _label("output_paths", desc, p, q)
         got = call(fn, label, p, q)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            raise CheckFailure(f"{label}: return a pair (accept_path, reject_path), got {type(got).__name__}")
-        got = tuple(got)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(f"{label}: return a tuple (accept_path, reject_path), got {type(got).__name__}")
         accept_path = _tensor_result(got[0], label + " accept_path", len(p))
         reject_path = _tensor_result(got[1], label + " reject_path", len(p))
         exp_accept, exp_reject = rejection.output_paths(p, q)
@@ -110,6 +120,9 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
                 got = call(fn, label, p, q, y, u, torch.Generator().manual_seed(rng.randrange(2**31)))
                 if not (isinstance(got, tuple) and len(got) == 2):
                     raise CheckFailure(f"{label}: return (accepted, token), got {got!r}")
+                if not (isinstance(got[0], bool) and isinstance(got[1], int) and not isinstance(got[1], bool)):
+                    raise CheckFailure(f"{label}: return a bool and an int, got {type(got[0]).__name__} and "
+                                       f"{type(got[1]).__name__} ({got!r}): bool(...) and int(...) around tensors.")
                 accepted, token = bool(got[0]), int(got[1])
                 should = u < ratio
                 if accepted != should:
