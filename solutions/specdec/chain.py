@@ -131,6 +131,7 @@ def verify_chain_batched(
     """
     check_chain(p, q, draft, batched=True)
     ### BEGIN SOLUTION
+    draft = draft.long()  # any integer ids in; long token ids out
     B, gamma = draft.shape
     p, q = p.to(torch.float64), q.to(torch.float64)
     p_draft = p[:, :gamma].gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # (B, gamma)

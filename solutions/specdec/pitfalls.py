@@ -20,7 +20,7 @@ from specdec.params import SamplingParams
 
 def draft_propose(logits: torch.Tensor, params: SamplingParams,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, V) draft logits -> (tokens (B,), q (B, V)): the draft's token per row and the
+    """(B, V) draft logits -> (tokens (B,) long, q (B, V) float64): the draft's token per row and the
     distribution it was actually drawn from. Either fix passes: sample from params.probs(logits) and return it
     (one-hot when greedy), or keep greedy drafting and return a one-hot q at each row's argmax."""
     ### BEGIN SOLUTION
@@ -65,7 +65,7 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def correction_token(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, V) target and draft distributions at the rejected position -> (B,) the replacement token."""
+    """(B, V) target and draft distributions at the rejected position -> (B,) long: the replacement token."""
     ### BEGIN SOLUTION
     return torch.multinomial(residual(p, q), 1, generator=generator)[:, 0]
     ### END SOLUTION
@@ -73,7 +73,7 @@ def correction_token(p: torch.Tensor, q: torch.Tensor, generator: torch.Generato
 
 def bonus_token(p_last: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """(B, V) the target's distribution after the last draft (sampling parameters already
-    applied) -> (B,) the bonus token of rows that accepted every draft."""
+    applied) -> (B,) long: the bonus token of rows that accepted every draft."""
     ### BEGIN SOLUTION
     return torch.multinomial(p_last, 1, generator=generator)[:, 0]
     ### END SOLUTION

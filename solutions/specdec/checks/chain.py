@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from specdec.checks.core import (
     expect_no_loop_over,
     expect_reproducible,
     single_threaded,
+    uniforms_at_zero,
     upstream_note,
 )
 from specdec.checks.greedy import CountingLM
@@ -67,9 +69,47 @@ def check_verify_chain(fn: Callable, n: int = 3000) -> None:
                 raise CheckFailure(f"{label}: return a long (int64) tensor of token ids, got {got.dtype}")
             outputs.append(tuple(int(t) for t in got))
         compare_frequencies(outputs, chain.outcome_distribution(p, q, draft), label, hint=_sampler_hint("verify_chain"))
+    _check_edges(fn, batched=False)
     p, q, draft, _ = _batch(1, 4, V=40)
     expect_reproducible(fn, "verify_chain(gamma=4, V=40, generator)",
                         lambda seed: (p[0], q[0], draft[0], torch.Generator().manual_seed(seed)), seeds=range(5))
+
+
+def _edge_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, list[int], bool]]:
+    """(description, p, q, draft, the committed tokens every run must give, uniforms at 0): deterministic rounds.
+    With every uniform exactly 0 (a draw U[0, 1) allows), a draft of probability 0 must still be rejected (u < p/q
+    is false); a residual of mass 1e-7 is a distribution to sample from, not a zero to replace by p."""
+    d = torch.float64
+    one_hot0 = torch.tensor([[1.0, 0.0, 0.0]], dtype=d)
+    return [
+        ("every uniform exactly 0; draft [1] has p = 0 (p[0] = [1, 0, 0], q[0] = [0.5, 0.5, 0])",
+         torch.cat([one_hot0, one_hot0]), torch.tensor([[0.5, 0.5, 0.0]], dtype=d), torch.tensor([1]), [0], True),
+        ("a residual of mass 1e-7: p[0] = [0.5, 0.5, 0], q[0] = [0.5, 0.5 - 1e-7, 1e-7], draft [2] (p = 0)",
+         torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=d), torch.tensor([[0.5, 0.5 - 1e-7, 1e-7]], dtype=d),
+         torch.tensor([2]), [1], False),
+    ]
+
+
+def _check_edges(fn: Callable, batched: bool) -> None:
+    name = "verify_chain_batched" if batched else "verify_chain"
+    for desc, p, q, draft, expected, at_zero in _edge_cases():
+        label = f"{name}({desc})"
+        g = torch.Generator().manual_seed(_SEED)
+        with uniforms_at_zero() if at_zero else contextlib.nullcontext():
+            if batched:
+                B = 64
+                tokens, n = _unpack(call(fn, label, p.expand(B, -1, -1).contiguous(), q.expand(B, -1, -1).contiguous(),
+                                         draft.expand(B, -1).contiguous(), g), label, B, len(draft))
+                outputs = {tuple(row[: int(k)].tolist()) for row, k in zip(tokens, n)}
+            else:
+                outputs = {tuple(call(fn, label, p, q, draft, g).tolist()) for _ in range(64)}
+        wrong = sorted(o for o in outputs if list(o) != expected)
+        if wrong:
+            why = ("A uniform can be exactly 0: accept only when u < p(y) / q(y), strictly (u * q(y) < p(y)), so a "
+                   "token the target gives probability 0 is never accepted." if at_zero else
+                   "After the rejection the residual max(p - q, 0) has mass 1e-7, all on token 1: normalise it, however "
+                   "small; fall back to p only when it is exactly 0 everywhere.")
+            raise CheckFailure(f"{label}: every run must commit {expected}; got {list(wrong[0])}. {why}")
 
 
 def _sampler_hint(exercise: str) -> str:
@@ -82,7 +122,9 @@ def check_expected_committed_length(fn: Callable) -> None:
     rng = random.Random(_SEED)
     cases = [[], [1.0] * 5, [0.0, 1.0, 1.0], [0.9, 0.8, 0.7, 0.6], [0.5], [1.0, 0.0, 1.0]]
     cases += [[rng.random() for _ in range(rng.randint(1, 12))] for _ in range(30)]
-    compare_cases(fn, chain.expected_committed_length, [(str([round(a, 4) for a in r]), (r,)) for r in cases])
+    described = [(str([round(a, 4) for a in r]), (r,)) for r in cases]
+    described += [(f"the tuple {tuple(r)} (any sequence of floats)", (tuple(r),)) for r in cases[2:5]]
+    compare_cases(fn, chain.expected_committed_length, described)
 
 
 def check_best_gamma_measured(fn: Callable) -> None:
@@ -95,6 +137,7 @@ def check_best_gamma_measured(fn: Callable) -> None:
         ([0.0] * 4, 0.01, [0.05] * 4),
         ([1.0] * 4, 0.0, [0.01] * 4),
         ([1.0, 0.0, 0.0], 0.0, [0.01, 0.01, 0.01]),
+        ([0.5, 1e-8], 0.0, [1.0, 1.0]),  # gamma 2 is better by 5e-9 tokens/s: float64 sees it, float32 does not
     ]
     for _ in range(30):
         G = rng.randint(1, 10)
@@ -134,6 +177,10 @@ def check_verify_chain_batched(fn: Callable, rows_per_scenario: int = 4000) -> N
     desc, p, q, draft = _scenarios()[0]
     got = call(fn, "verify_chain_batched(B=1)", p[None], q[None], draft[None], torch.Generator().manual_seed(0))
     _unpack(got, "verify_chain_batched(B=1)", 1, len(draft))
+    got = call(fn, "verify_chain_batched(B=1, draft as int32)", p[None], q[None], draft[None].int(),
+               torch.Generator().manual_seed(0))
+    _unpack(got, "verify_chain_batched(B=1, draft as int32: the outputs are long all the same)", 1, len(draft))
+    _check_edges(fn, batched=True)
     p, q, draft, _ = _batch(16, 4, V=40)
     expect_reproducible(fn, "verify_chain_batched(B=16, gamma=4, V=40, generator)",
                         lambda seed: (p, q, draft, torch.Generator().manual_seed(seed)))

@@ -123,10 +123,12 @@ def check_target_only_generate(fn: Callable) -> None:
 def check_rollback(fn: Callable) -> None:
     """Cache lengths and the pending tokens for P in {3, 7}, gamma in {1, 3, 4}, every k."""
     config = tiny_pair()[0].config
-    for P, gamma in itertools.product((7, 3), (4, 3, 1)):
+    for P, gamma, repeated in [(P, g, False) for P, g in itertools.product((7, 3), (4, 3, 1))] + [(5, 4, True)]:
         for k in sorted(range(gamma + 1), key=lambda k: (k != gamma // 2, k)):  # a middle k first: clearest hints
-            drafts = [10 + i for i in range(gamma)]
-            committed = drafts[:k] + [30]
+            # repeated: the drafts are one token over and over (indentation in code), and the target's correction is
+            # that token too, so only k, never the values, tells a full acceptance from a rejection
+            drafts = [12] * gamma if repeated else [10 + i for i in range(gamma)]
+            committed = drafts[:k] + [12 if repeated else 30]
             target_cache = _filled_cache(config, P + gamma)  # after verifying gamma + 1 positions
             draft_cache = _filled_cache(config, P + gamma - 1)  # it never fed its last draft
             label = (f"rollback(P={P}, drafts={drafts}, committed={committed}) with the target cache at "
@@ -143,7 +145,7 @@ def check_rollback(fn: Callable) -> None:
                                    + (" After a full acceptance it holds P + gamma - 1 entries: every accepted draft "
                                       "but the last, which it never fed. Leave it as it is." if k == gamma else
                                       " Crop it like the target's: P + k entries."))
-            want_pending = [30] if k < gamma else [drafts[-1], 30]
+            want_pending = committed[-1:] if k < gamma else [drafts[-1], committed[-1]]
             if not isinstance(pending, list) or pending != want_pending:
                 raise CheckFailure(f"{label}: the draft's pending input should be {want_pending}, got {pending!r}."
                                    + (" After a full acceptance the draft must catch up: it never fed its own last "
@@ -187,6 +189,9 @@ def check_propose(fn: Callable) -> None:
         if not isinstance(q, torch.Tensor) or q.shape != (gamma, draft.config.vocab_size):
             raise CheckFailure(f"{label}: q should be a tensor of shape ({gamma}, V={draft.config.vocab_size}), got "
                                f"{getattr(q, 'shape', q)!r}")
+        if q.dtype != torch.float64:
+            raise CheckFailure(f"{label}: q is {q.dtype}; the docstring promises float64 (params.probs gives it): the "
+                               "verifier divides p by q, and rounding q to float32 moves acceptance probabilities.")
         if any(c.cache is not cache for c in recorder.calls):
             raise CheckFailure(f"{label}: call the draft with the cache it was given, every time.")
         if len(recorder.calls) != gamma:
@@ -450,6 +455,9 @@ def check_accept_until_stop(fn: Callable) -> None:
         if not ok_type:
             raise CheckFailure(f"{label}: return a tuple (emitted, finished): a list of Python ints and a bool; got "
                                f"{got!r}.")
+        if got[0] is committed:
+            raise CheckFailure(f"{label}: emitted is the caller's committed list itself; return a new list "
+                               "(list(committed) or a slice): the caller keeps using committed after the call.")
         if got != expected:
             hint = diagnose(for_exercise("accept_until_stop"), history, rel=0.0)
             raise CheckFailure(f"{label}: expected {expected}, got {got}. Walk the committed tokens in order; the "

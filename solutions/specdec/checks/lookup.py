@@ -12,8 +12,10 @@ from specdec.checks.core import (
     CheckFailure,
     call,
     compare_cases,
+    describe_types,
     expect_no_loop_over,
     expect_reproducible,
+    is_int_list,
     single_threaded,
     torch_function_names,
     upstream_note,
@@ -37,7 +39,15 @@ _MATCH_EDGES = [
     ("n equal to the history", [5, 5, 5], 3),
     ("a single token", [9], 1),
     ("the only match is at the start", [3, 1, 4, 3, 1], 2),
+    ("ids of several digits: 11 is not 1 followed by 1", [11, 2, 5, 1, 2], 2),
+    ("ids of several digits, no match", [1, 23, 5, 1, 2], 2),
+    ("ids of several digits, a match", [150, 7, 33, 150, 7], 2),
 ]
+
+
+def _as_tuples(cases: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+    """The same cases with the token list given as a tuple: the signature takes any sequence of ints."""
+    return [(f"{d} (tokens as a tuple)", (tuple(args[0]), *args[1:])) for d, args in cases]
 
 
 def _random_sequences(n: int) -> list[tuple[str, list[int], int]]:
@@ -54,6 +64,8 @@ def check_find_match(fn: Callable) -> None:
     """Edge cases, then 300 random short sequences over 3 tokens (many repeats)."""
     cases = [(f"{d}: tokens={t}, n={n}", (list(t), n)) for d, t, n in _MATCH_EDGES]
     cases += [(d, (t, n)) for d, t, n in _random_sequences(300)]
+    cases += _as_tuples(cases[:12]) + [(f"{d} (ids + 97)", ([t + 97 for t in args[0]], args[1]))
+                                      for d, args in cases[12:60]]
     compare_cases(fn, lookup.find_match, cases, integer=True)
 
 
@@ -64,7 +76,9 @@ def check_propose_ngram(fn: Callable) -> None:
         ("the continuation of the latest 3-gram match", [1, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3], 4, 3, 1),
         ("the continuation is cut at gamma", [1, 2, 3, 4, 5, 6, 1, 2], 2, 2, 1),
         ("fewer than gamma tokens follow", [8, 9, 8], 5, 2, 1),
-        ("no 3-gram match: fall back to a 2-gram", [1, 2, 3, 9, 2, 3, 4, 1, 2, 3], 3, 3, 1),
+        ("the 3-gram [1, 2, 3] matches at 0 (the 2-gram [2, 3] later, at 4: the longer match wins)",
+         [1, 2, 3, 9, 2, 3, 4, 1, 2, 3], 3, 3, 1),
+        ("no 3-gram match: fall back to a 2-gram", [5, 2, 3, 9, 8, 7, 4, 1, 2, 3], 3, 3, 1),
         ("no match at all", [1, 2, 3, 4], 3, 3, 1),
         ("only a 1-gram matches but n_min is 2", [1, 2, 3, 1], 3, 3, 2),
         ("n_max longer than the history", [6, 6], 3, 5, 1),
@@ -76,6 +90,8 @@ def check_propose_ngram(fn: Callable) -> None:
         n_max = n_min + rng.randint(0, 2)
         cases.append((f"{desc.split(', n=')[0]}, gamma={gamma}, n_max={n_max}, n_min={n_min}",
                       (tokens, gamma, n_max, n_min)))
+    cases += _as_tuples(cases[:8]) + [(f"{d}, ids + 120", ([t + 120 for t in args[0]], *args[1:]))
+                                      for d, args in cases[8:40]]
     _compare_lists(fn, cases, requires=[("find_match", check_find_match)])
 
 
@@ -86,9 +102,12 @@ def _compare_lists(fn: Callable, cases, requires) -> None:
         got = call(fn, label, *args)
         if isinstance(got, torch.Tensor):
             got = got.tolist()
-        if got != expected:
+        if list(got) != expected if isinstance(got, (list, tuple)) else got != expected:
             raise CheckFailure(f"{label}: expected {expected}, got {got!r}.{_propose_hint(args, got)}"
                                f"{upstream_note(fn, requires)}")
+        if not is_int_list(got):
+            raise CheckFailure(f"{label}: the right tokens, but as {describe_types(got)}; return a list of ints, "
+                               "whatever sequence the tokens came in (list(...) of the slice).")
 
 
 def _propose_hint(args, got) -> str:
@@ -112,12 +131,18 @@ def check_find_match_vectorised(fn: Callable) -> None:
     """Agrees with find_match on edge cases and random tensors; no Python loop over positions."""
     cases = [(f"{d}: tokens={t}, n={n}", (torch.tensor(t), n)) for d, t, n in _MATCH_EDGES]
     cases += [(d, (torch.tensor(t), n)) for d, t, n in _random_sequences(300)]
+    wide = torch.tensor([[1, 0], [2, 0], [3, 0], [9, 0], [1, 0], [2, 0]])
+    cases += [("a non-contiguous tensor (a column of a (6, 2) tensor): tokens=[1, 2, 3, 9, 1, 2], n=2", (wide[:, 0], 2)),
+              ("large ids (65535 and more): tokens=[7, 1, 2, 3, 4, 65535, 1, 2, 3, 4], n=5",
+               (torch.tensor([7, 1, 2, 3, 4, 65535, 1, 2, 3, 4]), 5)),
+              ("ids up to 2**40: tokens=[5, 2**40, 3, 6, 2**40, 3], n=2", (torch.tensor([5, 2**40, 3, 6, 2**40, 3]), 2)),
+              ("int32 ids: tokens=[4, 8, 4, 8], n=2", (torch.tensor([4, 8, 4, 8], dtype=torch.int32), 2))]
     for description, args in cases:
         label = f"find_match_vectorised({description})"
         expected = lookup.find_match(args[0].tolist(), args[1])
         got = call(fn, label, *args)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = int(got)
+        if isinstance(got, torch.Tensor) or not isinstance(got, int) or isinstance(got, bool):
+            raise CheckFailure(f"{label}: return a Python int (int(...) of the index), got {got!r}.")
         if got != expected:
             raise CheckFailure(f"{label}: expected {expected}, got {got!r}. Compare every window that starts before the "
                                "suffix (tokens[:-1].unfold(0, n, 1)) with the suffix, and take the last hit.")
@@ -196,12 +221,16 @@ def _check_lookup_greedy(fn: Callable) -> None:
 
 
 def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
+    """Two prompts: one that always has a match, and one of distinct tokens whose first proposal is empty (the
+    token is then sampled from the last row at temperature 1, where an argmax shows)."""
     target = sampling_pair()[0]  # tiny_pair(vocab=6, noise=0.5, seed=3)'s target: the same outputs, fewer forwards
-    params, prompt = SAMPLING_PARAMS[1], [1, 2, 1, 2, 1]
-    exact = target_joint(tiny_pair(vocab=6, noise=0.5, seed=3)[0], prompt, params)
-    g = torch.Generator().manual_seed(0)
-    label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
-    sample_and_compare(lambda: tuple(expect_token_list(label, call(fn, label, target, prompt, 3, 2, params, g), 3)),
-                       n, exact, f"{label}, seeded runs: the 3 tokens",
-                       hint="A proposal is deterministic: verify with q one-hot at each draft (accept y with "
-                             "probability p(y); on rejection sample from p with y removed).")
+    for params, prompt, runs in ((SAMPLING_PARAMS[1], [1, 2, 1, 2, 1], n), (SamplingParams(1.0), [3, 4, 5], n // 2)):
+        exact = target_joint(tiny_pair(vocab=6, noise=0.5, seed=3)[0], prompt, params)
+        g = torch.Generator().manual_seed(0)
+        label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
+        sample_and_compare(
+            lambda: tuple(expect_token_list(label, call(fn, label, target, prompt, 3, 2, params, g), 3)),  # noqa: B023
+            runs, exact, f"{label}, seeded runs: the 3 tokens",
+            hint="A proposal is deterministic: verify with q one-hot at each draft (accept y with probability p(y); "
+                 "on rejection sample from p with y removed). With no proposal, sample the token from the last row's "
+                 "p (params.probs), never its argmax.")

@@ -30,10 +30,21 @@ def _hint(name: str, args: tuple, got: object) -> str:
     return diagnose(for_exercise(name), [(args, got)])
 
 
-def _tensor(label: str, got: object, shape: tuple[int, ...]) -> torch.Tensor:
+def _tensor(label: str, got: object, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape:
         raise CheckFailure(f"{label}: return a tensor of shape {shape}, got {got!r}"[:400])
+    if dtype is not None and got.dtype != dtype:
+        raise CheckFailure(f"{label}: return {dtype} (the docstring says {'long' if dtype == torch.long else 'float64'}"
+                           f"), got {got.dtype}")
     return got
+
+
+def _one_row(fn: Callable, name: str, args: tuple, with_q: bool) -> None:
+    """B = 1: the outputs keep their batch dimension ((1,), not a 0-d tensor from .squeeze())."""
+    label = f"{name}(a batch of one row)"
+    got = call(fn, label, *args)
+    tokens = got[0] if with_q and isinstance(got, tuple) else got
+    _tensor(label + (" tokens" if with_q else ""), tokens, (1,), torch.long)
 
 
 def check_draft_propose(fn: Callable) -> None:
@@ -47,7 +58,8 @@ def check_draft_propose(fn: Callable) -> None:
         got = call(fn, label, row.expand(n, -1), params, torch.Generator().manual_seed(2))
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"{label}: return (tokens, q), got {got!r}"[:300])
-        tokens, q = _tensor(label + " tokens", got[0], (n,)), _tensor(label + " q", got[1], (n, 6)).double()
+        tokens = _tensor(label + " tokens", got[0], (n,), torch.long)
+        q = _tensor(label + " q", got[1], (n, 6), torch.float64)
         if ((q < 0).any() or not torch.allclose(q.sum(-1), torch.ones(n, dtype=q.dtype))
                 or not torch.equal(q, q[:1].expand(n, -1))):
             raise CheckFailure(f"{label}: q must be a probability distribution per row (the same for identical logits), "
@@ -78,6 +90,9 @@ def check_draft_propose(fn: Callable) -> None:
             compare_frequencies(tokens[rows].tolist(), {i: float(x) for i, x in enumerate(want_q[r])},
                                 f"{label}: the tokens of logits row {r}",
                                 "Each row's token must be drawn from that row's q.")
+    for params in (SamplingParams(), SamplingParams(1.0)):
+        _one_row(fn, f"draft_propose(logits (1, 7), {params})", (logits[:1], params, torch.Generator().manual_seed(4)),
+                 with_q=True)
     expect_reproducible(lambda *a: fn(*a)[0], "draft_propose(logits (64, 20), temperature 1): the tokens",
                         lambda seed: (logits.new_zeros(64, 20), SamplingParams(1.0), torch.Generator().manual_seed(seed)))
 
@@ -103,7 +118,8 @@ def check_accept_drafts(fn: Callable) -> None:
     u = torch.rand(6, 4, generator=g, dtype=torch.float64)
     p[0, 0], u[0, 0] = 0.0, 0.0  # a token the target never produces, and a uniform of exactly 0
     p[1, 1], u[1, 1] = q[1, 1], 0.999  # p == q: always accepted
-    label = "accept_drafts(p_draft, q_draft, u) with u = 0 where p = 0"
+    p[2, 2], q[2, 2], u[2, 2] = 0.0, 0.0, 0.0  # p = q = 0 and u = 0: 0 < 0 is false, rejected
+    label = "accept_drafts(p_draft, q_draft, u) with u = 0 where p = 0, and one entry with p = q = 0"
     got = _tensor(label, call(fn, label, p, q, u), (6, 4))
     want = ref.accept_drafts(p, q, u)
     if got.dtype != torch.bool or not torch.equal(got, want):
@@ -143,13 +159,18 @@ def check_residual(fn: Callable) -> None:
     p = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
     q = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
     q[2] = p[2]  # nothing left over: the residual is all zero
-    label = "residual(p, q) where row 2 has p == q"
-    got = _tensor(label, call(fn, label, p, q), (4, 5))
+    p = torch.cat([p, torch.tensor([[0.5 + 1e-10, 0.5 - 1e-10, 0, 0, 0], [0.5, 0.5, 0, 0, 0]], dtype=torch.float64)])
+    q = torch.cat([q, torch.tensor([[0.5, 0.5, 0, 0, 0], [0.5, 0.5 + 1e-7, 0, 0, 0]], dtype=torch.float64)])
+    # row 4: a residual of mass 1e-10, to normalise (not to replace); row 5: q >= p by rounding, p != q: p itself
+    label = ("residual(p, q) where row 2 has p == q, row 4 a residual of mass 1e-10 and row 5 q >= p everywhere "
+             "(p != q by rounding)")
+    got = _tensor(label, call(fn, label, p, q), (6, 5))
     want = ref.residual(p, q)
-    if not torch.allclose(got.double(), want):
-        b = int((~torch.isclose(got.double(), want, equal_nan=False)).any(-1).nonzero()[0, 0])
-        raise CheckFailure(f"{label}: row {b}: expected {[round(x, 4) for x in want[b].tolist()]}, got "
-                           f"{[round(x, 4) for x in got[b].tolist()]}." + _hint("residual", (p, q), got))
+    tight = {"rtol": 1e-9, "atol": 1e-12} if got.dtype == torch.float64 else {}  # float64 in, float64 exactness
+    if not torch.allclose(got.double(), want, **tight):
+        b = int((~torch.isclose(got.double(), want, equal_nan=False, **tight)).any(-1).nonzero()[0, 0])
+        raise CheckFailure(f"{label}: row {b}: expected {want[b].tolist()}, got {got[b].tolist()}."
+                           + _hint("residual", (p, q), got))
     p3 = torch.softmax(torch.randn(2, 3, 4, generator=g, dtype=torch.float64), -1)
     q3 = torch.softmax(torch.randn(2, 3, 4, generator=g, dtype=torch.float64), -1)
     q3[1, 2] = p3[1, 2]
@@ -169,7 +190,9 @@ def check_correction_token(fn: Callable) -> None:
     q = torch.softmax(torch.randn(1, 5, generator=g, dtype=torch.float64), -1)
     n = 5000
     label = "correction_token(p, q) over 5000 rows"
-    got = _tensor(label, call(fn, label, p.expand(n, -1), q.expand(n, -1), torch.Generator().manual_seed(8)), (n,))
+    got = _tensor(label, call(fn, label, p.expand(n, -1), q.expand(n, -1), torch.Generator().manual_seed(8)), (n,),
+                  torch.long)
+    _one_row(fn, "correction_token", (p, q, torch.Generator().manual_seed(8)), with_q=False)
     want = ref.residual(p, q)[0]
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(want)}, label,
                         "After a rejection, sample from the residual max(p - q, 0), normalised: the draft's tokens were "
@@ -206,7 +229,8 @@ def check_bonus_token(fn: Callable) -> None:
     p = torch.softmax(torch.randn(1, 6, generator=g, dtype=torch.float64), -1)
     n = 5000
     label = "bonus_token(p_last) over 5000 rows"
-    got = _tensor(label, call(fn, label, p.expand(n, -1), torch.Generator().manual_seed(10)), (n,))
+    got = _tensor(label, call(fn, label, p.expand(n, -1), torch.Generator().manual_seed(10)), (n,), torch.long)
+    _one_row(fn, "bonus_token", (p, torch.Generator().manual_seed(10)), with_q=False)
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(p[0])}, label,
                         "While sampling, the bonus token is a sample from p, not its argmax.")
     rows = torch.softmax(2 * torch.randn(3, 6, generator=g, dtype=torch.float64), -1)
