@@ -14,7 +14,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test nbval test-ui release grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test nbval test-ui release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
@@ -27,6 +27,7 @@ help:
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make nbval    run instructor notebooks top to bottom in-process (NB=05 for one; authors)"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
+	@echo "make reset NB=05  start a notebook again from its blank version (yours is kept in notebooks/.backup/)"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
 	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter, and notebook 13's MTP- and EAGLE-3-style drafters, on the shipped target"
@@ -75,6 +76,9 @@ test-ui: $(UI_STAMP)
 
 release: $(STAMP)
 	$(BIN)/python -m specdec.course.release
+
+reset: $(STAMP)
+	$(BIN)/python -m specdec.course.release --reset $(NB)
 
 grade: $(STAMP)
 	@$(BIN)/python -m specdec.course.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),) \

@@ -11,9 +11,9 @@ import sys
 import nbformat
 import pytest
 
-from conftest import background_job, background_result, source_path, student_path
+from conftest import background_job, background_result, read, source_path, student_path
 from specdec.course.driver import CellGrade
-from specdec.course.grading import format_table, grade, read_submission
+from specdec.course.grading import format_failures, format_table, grade, read_submission
 
 
 def _digest(folder):
@@ -126,6 +126,23 @@ def test_table_wraps_the_first_sentence_and_names_ungraded_notebooks():
     assert lines[-1] == "total: 0 / 1 points (not graded: 02_y)"
 
 
+def test_every_failure_is_printed_in_full_below_the_table():
+    """A terminal-only learner sees the whole message (input, expected, got, likely cause, a drill's derivation),
+    also when the input is a tensor printed over several lines."""
+    message = ("CheckFailure: medusa_candidates(7, tensor([[0.1000, 0.9000],\n        [0.3000, 0.5000]]), [(0,)]): "
+               "expected [7, 1], got [7, 0]. Hint (a known slip gives exactly this output): rank by the last step of the path.")
+    cells = [CellGrade("12_x", "medusa_candidates_test", 0, 2, message=message), CellGrade("12_x", "ok_test", 1, 1),
+             CellGrade("12_x", "drill_test", 0, 1, message="MTP_TAU = 3.38 is not it. Rates multiply: 1 + 0.88 + ...")]
+    table = format_table([("12_x", cells)])
+    assert "[0.3000, 0.5000]]), [(0,)]): expected [7, 1], got [7, 0]." in " ".join(table.split())  # lines joined
+    full = format_failures([("12_x", cells)])
+    flat = " ".join(full.split())
+    assert "Hint (a known slip gives exactly this output): rank by the last step of the path." in flat
+    assert "Rates multiply" in flat
+    assert "12_x / ok" not in full  # passing cells are not listed
+    assert format_failures([("12_x", cells[1:2])]) == ""
+
+
 def test_feedback_leaves_out_the_hidden_checks_frames(tmp_path):
     from specdec.course.driver import hide_check_frames
 
@@ -227,3 +244,20 @@ def test_written_answers_are_listed_for_an_instructor_and_kept_out_of_the_total(
     assert "? / 1  needs manual grading (a written answer)" in table
     assert "written answer: not answered yet" in table
     assert table.splitlines()[-1] == "total: 1 / 1 points, plus 2 points of written answers for an instructor to grade"
+
+
+def test_reset_keeps_the_learners_version_and_writes_a_blank_one(tmp_path, monkeypatch):
+    from specdec.course import release
+
+    monkeypatch.setattr(release, "NOTEBOOKS_DIR", tmp_path)
+    mine = tmp_path / "01_cost_ledger.ipynb"
+    nb = read(student_path("01_cost_ledger"))
+    nb.cells[0].source += "\nmy own notes"
+    nbformat.write(nb, mine)
+    first = release.reset(["1"])
+    second = release.reset(["01_cost_ledger"])  # within the same second: a second backup, not an overwrite
+    assert len({*first, *second}) == 2 and all(p.parent == tmp_path / ".backup" for p in first + second)
+    assert "my own notes" in first[0].read_text() and "my own notes" not in second[0].read_text()
+    assert release.comparable_cells(mine) == release.comparable_cells(student_path("01_cost_ledger"))
+    with pytest.raises(SystemExit, match="names no notebook"):
+        release.reset(["99"])

@@ -217,7 +217,8 @@ def test_help_explains_the_modes(capsys):
 
 def test_make_drill_passes_topic_seed_and_count_and_make_help_names_both_targets():
     def make(*args: str) -> str:
-        return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["make", "--no-print-directory", "-n", *args], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True).stdout
 
     assert "-m specdec.drill --topic serving --seed 3 --count 2" in make("drill", "TOPIC=serving", "SEED=3", "COUNT=2")
     assert make("drill").rstrip().endswith("-m specdec.drill")

@@ -162,7 +162,7 @@ def diagnose(mistakes: Iterable[Mistake], history: Sequence[tuple[tuple, Any]], 
         return ""
     for mistake in mistakes:
         if _reproduces(mistake, history, rel):
-            return f" Likely mistake: {mistake.hint}"
+            return f" Hint (a known slip gives exactly this output): {mistake.hint}"
     return ""
 
 

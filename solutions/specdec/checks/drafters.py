@@ -146,7 +146,7 @@ def check_eagle_draft_step(fn: Callable) -> None:
             expected = eagle_draft_step(drafter, target, f_ref, token, theirs)
             if mine.length != before + 1:
                 no_cache = next(m for m in for_exercise("eagle_draft_step") if m.name == "no_cache")
-                hint = f" Likely mistake: {no_cache.hint}" if mine.length == before else ""
+                hint = f" Hint (a known slip gives exactly this output): {no_cache.hint}" if mine.length == before else ""
                 raise CheckFailure(f"{label}: the drafter's cache should grow by exactly 1 entry, it went from {before} "
                                    f"to {mine.length}.{hint}")
             if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(x, torch.Tensor) for x in got)):
@@ -155,7 +155,7 @@ def check_eagle_draft_step(fn: Callable) -> None:
                 if g_.shape != e_.shape or not torch.allclose(g_.float(), e_.float(), rtol=1e-4, atol=1e-4):
                     wrong = [m for m in for_exercise("eagle_draft_step")
                              if _reproduces_step(m.fn, drafter, target, f_ref, token, copy.deepcopy(cache), got)]
-                    hint = f" Likely mistake: {wrong[0].hint}" if wrong else ""
+                    hint = f" Hint (a known slip gives exactly this output): {wrong[0].hint}" if wrong else ""
                     raise CheckFailure(f"{label}: {what} differs from the reference (max difference "
                                        f"{_max_diff(g_, e_)}).{hint}")
             f_mine, f_ref = got[0], expected[0]
@@ -214,7 +214,9 @@ class _CrossTiedDrafter:
     """Probabilities that are binary fractions, so nodes under different parents tie exactly: the tie rule
     ("the earlier created node ranks higher") decides both the next frontier and the budget cut."""
 
-    __name__ = "a drafter whose nodes under different parents tie exactly"
+    __name__ = ("a drafter whose nodes under different parents tie exactly (probabilities of tokens 0-3 after the "
+                "root: [0.25, 0.5, 0.125, 0.125]; after (0,): [0.5, 0.25, 0.125, 0.125]; after (1,): [0.5, 0.125, "
+                "0.125, 0.25]; after any other path: [0.5, 0.25, 0.125, 0.125])")
 
     def __call__(self, paths):
         table = {(): [0.25, 0.5, 0.125, 0.125], (1,): [0.5, 0.125, 0.125, 0.25], (0,): [0.5, 0.25, 0.125, 0.125]}
@@ -228,7 +230,8 @@ class _TiedDrafter:
     """Exact ties: the best child of the root and of (0,) has log-probability 0 (a child ties its parent's value),
     and (0,)'s next two children tie at -1 (the lower token id must come first)."""
 
-    __name__ = "a drafter with exact ties"
+    __name__ = ("a drafter with exact ties (log-probabilities of tokens 0, 1, 2 after a path of length 0: [0, -30, "
+                "-40]; of length 1: [0, -1, -1]; of length 2 or more: [-2, -3, -3])")
 
     def __call__(self, paths):
         table = {0: [0.0, -30.0, -40.0], 1: [0.0, -1.0, -1.0], 2: [-2.0, -3.0, -3.0]}

@@ -197,7 +197,7 @@ def check_speculative_greedy_generate(fn: Callable) -> None:
     except CheckFailure as failure:
         note = upstream_note(fn, [("greedy_verify", check_greedy_verify)])
         if note:  # the round itself may be right: point at the function that is wrong
-            raise CheckFailure(str(failure).split(" Likely mistake:")[0] + note) from None
+            raise CheckFailure(str(failure).split(" Hint (a known slip")[0] + note) from None
         raise
 
 

@@ -142,7 +142,7 @@ def hint(exercise: str, run: Callable[[Callable], object], got: object, agree: C
         except Exception:
             continue
         if agree(wrong, got):
-            return f" Likely mistake: {mistake.hint}"
+            return f" Hint (a known slip gives exactly this output): {mistake.hint}"
     return ""
 
 

@@ -156,17 +156,39 @@ MESSAGE_WIDTH = 90
 
 
 def _first_sentence(message: str) -> str:
-    """The message up to the end of its first sentence (a period, '?' or '!' before a space, or its first line)."""
-    line = message.strip().splitlines()[0] if message.strip() else ""
+    """The message up to the end of its first sentence (a period, '?' or '!' before a space), its lines joined: a
+    tensor printed over several lines stays in it."""
+    line = " ".join(message.split())
     for i, char in enumerate(line[:-1]):
         if char in ".?!" and line[i + 1] == " " and not line[max(0, i - 3):i + 1].endswith(("e.g.", "i.e.", "vs.")):
             return line[: i + 1]
     return line
 
 
+FULL_MESSAGE_CHARS = 1500
+
+
+def format_failures(results: list[Result]) -> str:
+    """Every failing exercise's whole message (the table shows its first sentence): the input, what was expected,
+    what came back and the likely cause, or a drill answer's derivation."""
+    blocks = []
+    for slug, cells in results:
+        if isinstance(cells, str):
+            continue
+        for cell in cells:
+            if cell.written or cell.score >= cell.max_score or not cell.message.strip():
+                continue
+            text = " ".join(cell.message.split())
+            if len(text) > FULL_MESSAGE_CHARS:
+                text = text[:FULL_MESSAGE_CHARS] + " ... (the rest in the HTML feedback)"
+            wrapped = textwrap.fill(text, MESSAGE_WIDTH + 20, initial_indent="    ", subsequent_indent="    ")
+            blocks.append(f"{slug} / {cell.grade_id.removesuffix('_test')}:\n{wrapped}")
+    return "\n\n".join(["why each failed, in full:", *blocks]) if blocks else ""
+
+
 def format_table(results: list[Result]) -> str:
     """The report a learner reads: one row per exercise, then the total."""
-    rows = [("notebook", "exercise", "points", "what failed (full messages in the HTML feedback)")]
+    rows = [("notebook", "exercise", "points", "what failed (first sentence; in full below the table)")]
     total = possible = manual = 0.0
     ungraded = []
     for slug, cells in results:
@@ -215,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grading {len(targets)} notebook(s) (a copy; your files are not changed)...", flush=True)
     results = grade(targets, args.report_dir, args.cell_timeout, model_answers=not args.no_model_answers)
     print(format_table(results))
+    failures = format_failures(results)
+    if failures:
+        print("\n" + failures)
     for slug, cells in results:
         if isinstance(cells, str) and "\n" in cells:
             print(f"\n--- {slug} ---\n{cells}", file=sys.stderr)

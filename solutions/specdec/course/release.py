@@ -2,11 +2,14 @@
 
 Runs ``nbgrader generate_assignment`` in a scratch course, so the committed course root
 gets no gradebook or release folder. Usage: ``python -m specdec.course.release [--check] [SLUG ...]``.
+A learner starts a notebook again with ``--reset NN`` (``make reset NB=NN``): the current file is kept in
+``notebooks/.backup/`` first, never overwritten.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import shutil
 import sys
 import tempfile
@@ -32,6 +35,37 @@ def build_student_notebooks(dest: Path, slugs: list[str] | None = None) -> list[
     return written
 
 
+def _slug(name: str) -> str:
+    """'12', '12_self_drafting' or '12_self_drafting.ipynb' -> '12_self_drafting'."""
+    stem = Path(name).stem
+    found = [s for s in assignments() if s == stem or (stem.isdigit() and s.startswith(f"{int(stem):02d}_"))]
+    if len(found) != 1:
+        raise SystemExit(f"{name!r} names no notebook of this course; known: {', '.join(assignments())}")
+    return found[0]
+
+
+def reset(names: list[str]) -> list[Path]:
+    """A fresh student notebook for each name, the current one moved to notebooks/.backup/ first."""
+    if not names:
+        raise SystemExit("name the notebook to start again, e.g. make reset NB=05 (your work is kept in a backup)")
+    slugs = [_slug(n) for n in names]
+    backups = NOTEBOOKS_DIR / ".backup"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    kept = []
+    for slug in slugs:
+        current = NOTEBOOKS_DIR / f"{slug}.ipynb"
+        if current.exists():
+            backups.mkdir(exist_ok=True)
+            backup = backups / f"{slug}-{stamp}.ipynb"
+            n = 1
+            while backup.exists():  # two resets in one second: never overwrite a backup
+                backup, n = backups / f"{slug}-{stamp}-{n}.ipynb", n + 1
+            shutil.copy2(current, backup)
+            kept.append(backup)
+    build_student_notebooks(NOTEBOOKS_DIR, slugs)
+    return kept
+
+
 def comparable_cells(notebook: Path | nbformat.NotebookNode) -> list[tuple]:
     """What must agree between two student notebooks: cell type, source, nbgrader metadata."""
     nb = nbformat.read(notebook, as_version=4) if isinstance(notebook, Path) else notebook
@@ -43,7 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("slugs", nargs="*", help="assignments to release (default: all)")
     parser.add_argument("--check", action="store_true", help="only report whether notebooks/ is up to date")
     parser.add_argument("--missing", action="store_true", help="only write notebooks that do not exist yet")
+    parser.add_argument("--reset", nargs="*", metavar="NB",
+                        help="start these notebooks again (12 or 12_self_drafting); the current files go to "
+                             "notebooks/.backup/ first")
     args = parser.parse_args(argv)
+    if args.reset is not None:
+        for backup in reset(args.reset):
+            print(f"your previous version is kept as {backup.relative_to(NOTEBOOKS_DIR.parent)}")
+        print("fresh: " + ", ".join(f"notebooks/{_slug(n)}.ipynb" for n in args.reset))
+        return 0
     unknown = sorted(set(args.slugs) - set(assignments()))
     if unknown:
         parser.error(f"unknown assignment(s) {unknown}; known: {assignments()}")

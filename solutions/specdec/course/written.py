@@ -41,14 +41,14 @@ def written_answers(slug: str, submission: nbformat.NotebookNode) -> list[Writte
 def format_model_answers(slug: str, answers: list[WrittenAnswer], width: int = 110) -> str:
     """Each attempted answer, then the model answer and the rubric, for the learner to mark their own."""
 
-    def block(text: str, indent: str = "    ") -> str:
-        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent)
+    def block(text: str, indent: str = "    ", then: str = "    ") -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=then)
 
     lines = [f"== {slug}: your written answers beside the model answers (mark them yourself with the rubric) =="]
     for item in answers:
         q = item.question
         lines += ["", f"{q.prompt} ({q.points:g} point{'s' if q.points != 1 else ''})", "  yours:", block(item.answer),
                   "  model answer:", block(q.model_answer), "  rubric:"]
-        lines += [block(point, "    - ") for point in q.rubric_points]
+        lines += [block(point, "    - ", "      ") for point in q.rubric_points]
         lines.append(f"  revise: notebooks/{q.section.notebook}.ipynb, section \"{q.section.title}\"")
     return "\n".join(lines)

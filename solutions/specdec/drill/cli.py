@@ -16,7 +16,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from specdec.drill.questions import LETTERS, TOPICS, ChoiceQuestion, DrillInputError, Question, build_question, plural
+from specdec.drill.questions import (
+    LETTERS,
+    TOPICS,
+    ChoiceQuestion,
+    DrillInputError,
+    NumberQuestion,
+    Question,
+    build_question,
+    parse_number,
+    plural,
+    show,
+)
 from specdec.drill.session import Attempt, draw_questions, fresh_seed, mock_interview, report, templates
 from specdec.drill.written import Written
 
@@ -100,8 +111,13 @@ def check_file(path: Path, out: TextIO) -> int:
         graded.append((question, answer, right))
     for question, answer, right in graded:
         given = "no answer" if answer is None else f"you gave {answer!r}"
+        if isinstance(question, NumberQuestion) and isinstance(answer, str):
+            given += f" = {show(parse_number(answer))}"  # arithmetic is read, as in the terminal drill
         verdict = "right" if right else f"wrong ({given}; the answer is {question.answer_text()})"
         print(f"{question.id}: {verdict}", file=out)
+        if not right:
+            print(_wrap(question.explanation, "    "), file=out)
+            print(f"    revise: {question.section.link}", file=out)
     print(f"score: {sum(r for *_, r in graded)}/{len(graded)}", file=out)
     return 0
 

@@ -98,6 +98,12 @@ class Choice:
 # -- questions -----------------------------------------------------------------------------------------------------
 
 
+#: Units that are counted nouns: "1 block", not "1 blocks".
+SINGULAR = {"blocks": "block", "tokens": "token", "entries": "entry", "drafts": "draft", "positions": "position",
+            "nodes": "node", "requests": "request", "forwards": "forward", "rounds": "round", "slots": "slot",
+            "parameters": "parameter", "rows": "row", "steps": "step"}
+
+
 def show(x: float) -> str:
     """A number as explanations print it: ints with thousands separators, other values to 4 significant figures."""
     if float(x).is_integer() and abs(x) < 1e15:
@@ -201,7 +207,8 @@ class NumberQuestion(Question):
         return "exact" if self.rel == 0 else f"within {self.rel:.0%}"
 
     def answer_text(self) -> str:
-        return f"{show(self.answer)} {self.unit}".strip()
+        unit = SINGULAR.get(self.unit, self.unit) if self.answer == 1 else self.unit
+        return f"{show(self.answer)} {unit}".strip()
 
     def to_dict(self, reveal: bool = False) -> dict:
         out = super().to_dict()
@@ -223,7 +230,7 @@ class ChoiceQuestion(Question):
     def parse(self, raw: object) -> str:
         if isinstance(raw, str):
             text = raw.strip().lower().strip("() .")
-            if text in LETTERS[: len(self.options)]:
+            if text and text in LETTERS[: len(self.options)]:
                 return text
             for letter, option in zip(LETTERS, self.options):
                 if raw.strip().lower() == option.lower():

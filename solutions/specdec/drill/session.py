@@ -88,8 +88,9 @@ class Attempt:
 
 
 def revision_list(attempts: list[Attempt]) -> list[Section]:
-    """The sections behind every item not fully right, once each, in course order."""
-    sections = {a.item.section for a in attempts if a.score < 1}
+    """The sections behind every item not fully right or answered over its time budget (an interview is timed: a
+    slow right answer still needs practice), once each, in course order."""
+    sections = {a.item.section for a in attempts if a.score < 1 or a.over_budget}
     return sorted(sections, key=lambda s: (s.notebook, s.title))
 
 
@@ -106,5 +107,5 @@ def report(attempts: list[Attempt]) -> list[str]:
         lines.append("Revise:")
         lines += [f"  - {s.notebook}: {s.title}  ({s.link})" for s in revise]
     else:
-        lines.append("Nothing to revise: every answer was right.")
+        lines.append("Nothing to revise: every answer was right, and within its time budget.")
     return lines

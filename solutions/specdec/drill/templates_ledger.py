@@ -61,7 +61,9 @@ def weight_gb(rng: random.Random) -> Number:
         f"{cfg.name} ({_config_text(cfg)}) stored in {prec} ({nbytes:g} B per parameter): how many GB (1e9 bytes) "
         "of weights does one decode step read?",
         gb,
-        f"count_params gives {n:,} parameters; x {nbytes:g} B = {show(gb)} GB, all of it read once per decode step.",
+        f"count_params gives {n:,} parameters; x {nbytes:g} B = {show(gb)} GB, all of it read once per decode step "
+        "(notebook 01's floor: the embedding table, only gathered a row at a time, is counted in full; it is a few "
+        "percent).",
         unit="GB")
 
 

@@ -95,7 +95,7 @@ def padded_tokens(rng: random.Random) -> Number:
     return Number(
         f"An engine captured CUDA graphs for forwards of {', '.join(map(str, CAPTURE_SIZES))} tokens and pads a uniform "
         f"decode batch up to the next captured size. A decode step serves {requests} requests with K = {k}. How many "
-        "padded tokens does the forward carry?",
+        "of the forward's tokens are padding (not the padded size: the padding alone)?",
         size - tokens,
         f"Each request carries 1 + K = {1 + k} tokens: {requests} x {1 + k} = {tokens}; the next captured size is {size}, "
         f"so {size} - {tokens} = {show(size - tokens)} padded tokens run through the graph for nothing.",

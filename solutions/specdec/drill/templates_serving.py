@@ -15,8 +15,11 @@ BLOCKS = "2. The block manager: lookahead slots, and freeing after a round"
 
 @number("serving_lookahead_blocks", topic="serving", notebook=NB, section=BLOCKS)
 def lookahead_blocks(rng: random.Random) -> Number:
-    block, gamma = rng.choice([8, 16, 32]), rng.randrange(2, 9)
-    cached = rng.randrange(block, 12 * block)
+    while True:  # only numbers where the lookahead slots need another block: the point of the question
+        block, gamma = rng.choice([8, 16, 32]), rng.randrange(2, 9)
+        cached = rng.randrange(block, 12 * block)
+        if blocks_for(cached + 1 + gamma, block) > blocks_for(cached + 1, block):
+            break
     table: list[int] = []
     reserve_slots(list(range(100)), table, cached + 1 + gamma, block)
     without = blocks_for(cached + 1, block)
@@ -26,8 +29,8 @@ def lookahead_blocks(rng: random.Random) -> Number:
         len(table),
         f"The forward writes its last token and {gamma} drafts at positions {cached}..{cached + gamma}: "
         f"{cached} + 1 + {gamma} = {cached + 1 + gamma} slots, ceil({cached + 1 + gamma} / {block}) = {show(len(table))} "
-        f"blocks (without the lookahead slots: {without}; a kernel that does not check would write into another "
-        "request's block).",
+        f"blocks. Without the lookahead slots the table would have {without}, and the verify forward would write "
+        "its last drafts into a block the request does not own.",
         unit="blocks", rel=0)
 
 
@@ -96,7 +99,7 @@ def gamma_for_batch(rng: random.Random) -> Number:
         unit="drafts", rel=0)
 
 
-@choice("serving_what_breaks_first", topic="pitfalls", notebook=NB, section="7. When speculation stops paying")
+@choice("serving_what_breaks_first", topic="serving", notebook=NB, section="7. When speculation stops paying")
 def what_breaks_first(rng: random.Random) -> Choice:
     gamma = rng.randrange(3, 7)
     return Choice(

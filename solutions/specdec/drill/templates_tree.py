@@ -73,7 +73,7 @@ def medusa_positions(rng: random.Random) -> Number:
         prod *= w
         levels.append(prod)
     return Number(
-        f"Medusa with {len(widths)} heads keeps the top {widths} candidates of heads 1..{len(widths)} and verifies the "
+        f"Medusa with {len(widths)} heads keeps the top {widths} candidates of heads 0..{len(widths) - 1} and verifies the "
         "full Cartesian tree of them (every combination, every depth). How many positions does the target's verify "
         "forward score, the root included?",
         n,

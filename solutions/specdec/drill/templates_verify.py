@@ -117,7 +117,11 @@ def wrong_rule(rng: random.Random) -> Number:
         wrong[x],
         f"Accept path: min(p, q)({x}) = {float(accept[x]):.4g}; rejections happen with probability 1 - sum min(p, q) = "
         f"{reject:.4g} and then give {x} with p({x}) = {p[x]:g}: {float(accept[x]):.4g} + {reject:.4g} x {p[x]:g} = "
-        f"{show(wrong[x])}, not p({x}) = {p[x]:g}. Tokens the draft already over-proposes get mass twice.")
+        f"{show(wrong[x])}, not p({x}) = {p[x]:g}. "
+        + (f"Token {x} is over-proposed (q > p): the accept path already gives it p({x}), and the rejections add more."
+           if q[x] > p[x] else
+           f"Token {x} is under-proposed (q < p): the residual would give it the missing p - q, but resampling from p "
+           "gives back too little."))
 
 
 # -- 04 a chain ----------------------------------------------------------------------------------------------------
