@@ -46,6 +46,8 @@ def _gumbel(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
 
 
 def expected_tokens_per_round(a: float, gamma: int) -> float:
+    if not 0 <= a <= 1 or gamma < 0:  # what the skeleton's check_probability and check_nonnegative_int say
+        raise ValueError(f"need 0 <= a <= 1 and gamma >= 0, got a={a}, gamma={gamma}")
     return sum(a**i for i in range(gamma + 1))  # the geometric sum, term by term
 
 
@@ -129,6 +131,7 @@ def expected_committed_length(accept_probs):
 
 
 def verify_chain_batched(p, q, draft, generator=None):
+    draft = draft.long()  # int32 ids are valid input; the tokens come out long
     B, gamma = draft.shape
     u = torch.rand(B, gamma, generator=generator, dtype=torch.float64)
     p_draft = p[:, :gamma].gather(-1, draft[..., None])[..., 0].double()
@@ -603,6 +606,8 @@ def decode_step_floor_s(n_params, bytes_per_param, bandwidth):
 
 
 def tokens_per_s_cap(n_params, bytes_per_param, bandwidth):
+    if min(n_params, bytes_per_param, bandwidth) <= 0:
+        raise ValueError("n_params, bytes_per_param and bandwidth must be positive")
     return bandwidth / (n_params * bytes_per_param)
 
 
