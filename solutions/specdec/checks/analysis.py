@@ -72,6 +72,8 @@ def check_measured_costs(fn: Callable) -> None:
     rounds = [_round(g, rng.randint(0, g), g * rng.uniform(2e-4, 4e-4), rng.uniform(2e-3, 4e-3))
               for g in [rng.randint(1, 6) for _ in range(30)]]
     cases.append(("30 random rounds", rounds, 0.0025))
+    cases.append(("three prompt-lookup rounds, one that proposed nothing (its verify forward still ran)",
+                  [_round(3, 1, 0.0, 0.0025), _round(0, 0, 0.0, 0.0021), _round(2, 2, 0.0, 0.0024)], 0.002))
     mistakes = for_exercise("measured_costs")
     history = []
     for desc, rounds, step in cases:
@@ -89,7 +91,8 @@ def check_measured_costs(fn: Callable) -> None:
 def check_predicted_speedup(fn: Callable) -> None:
     cases = [(f"a={a}, gamma={g}, c={c}" + (f", verify_ratio={v}" if v != 1.0 else ""), (a, g, c, v))
              for a, g, c, v in [(0.8, 4, 0.1, 1.0), (0.0, 3, 0.05, 1.0), (1.0, 5, 0.1, 1.0), (0.6, 1, 0.2, 1.0),
-                                (0.9, 4, 0.12, 1.3), (1.0, 3, 0.0, 2.0), (0.75, 8, 0.02, 1.1)]]
+                                (0.9, 4, 0.12, 1.3), (1.0, 3, 0.0, 2.0), (0.75, 8, 0.02, 1.1),
+                                (0.9995, 4, 0.05, 1.0), (0.99999, 8, 0.1, 1.0), (1, 2, 0.1, 1.0)]]
     compare_cases(fn, ref.predicted_speedup, cases, rel=1e-9)
     got = call(fn, "predicted_speedup(0.8, 4, 0.1) (verify_ratio left out)", 0.8, 4, 0.1)
     if not close(got, ref.predicted_speedup(0.8, 4, 0.1), rel=1e-9):

@@ -70,6 +70,12 @@ def check_verify_chain(fn: Callable, n: int = 3000) -> None:
             outputs.append(tuple(int(t) for t in got))
         compare_frequencies(outputs, chain.outcome_distribution(p, q, draft), label, hint=_sampler_hint("verify_chain"))
     _check_edges(fn, batched=False)
+    desc, p, q, draft = _scenarios()[0]
+    label = f"verify_chain({desc}, draft as int32: token ids of any integer dtype; the result is long)"
+    got = call(fn, label, p, q, draft.int(), torch.Generator().manual_seed(0))
+    if not isinstance(got, torch.Tensor) or got.dtype != torch.long:
+        raise CheckFailure(f"{label}: return a long (int64) tensor whatever the draft's dtype, got "
+                           f"{getattr(got, 'dtype', type(got).__name__)}")
     p, q, draft, _ = _batch(1, 4, V=40)
     expect_reproducible(fn, "verify_chain(gamma=4, V=40, generator)",
                         lambda seed: (p[0], q[0], draft[0], torch.Generator().manual_seed(seed)), seeds=range(5))

@@ -82,7 +82,7 @@ def snapshot_inputs(args: Sequence[Any]) -> list[Any]:
 
     def copy_of(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return value.detach().clone()
+            return _NOT_DATA if value.device.type == "meta" else value.detach().clone()  # meta: shapes, no values
         if isinstance(value, (list, tuple, dict, set)) and plain(value):
             return copy.deepcopy(value)
         return _NOT_DATA  # a model, a cache, a generator, a config, or a list of objects the exercise may update

@@ -91,12 +91,12 @@ def check_medusa_candidates(fn: Callable) -> None:
         choices = _random_choices(rng, K)
         root = rng.randrange(V)
         cases.append((f"root={root}, head_logits {K} x {V} (random), choices {choices}", (root, logits, choices)))
-    for dtype in (torch.float64, torch.float32, torch.float64):  # the course's vocabulary, logits on a few levels:
-        K = 3  # hundreds of exact ties, where an unstable sort or topk no longer keeps the lower id first
-        logits = torch.randint(0, 4, (K, 256), generator=g).to(dtype)
+    for dtype, V in ((torch.float64, 256), (torch.float32, 256), (torch.float64, 10), (torch.float64, 17)):
+        K = 3  # logits on a few levels: exact ties, where an unstable sort or topk no longer keeps the lower id first
+        logits = torch.randint(0, 4, (K, V), generator=g).to(dtype)
         choices = sorted({(a,) for a in range(4)} | {(a, b) for a in range(2) for b in range(3)} | {(0, 0, 2), (1, 2, 1)})
         root = rng.randrange(100, 256)
-        cases.append((f"root={root}, head_logits {K} x 256 of {dtype} on 4 levels (hundreds of ties), choices {choices}",
+        cases.append((f"root={root}, head_logits {K} x {V} of {dtype} on 4 levels (tied logits), choices {choices}",
                       (root, logits, choices)))
     _compare(fn, medusa_candidates, cases)
 

@@ -67,14 +67,14 @@ def _verify_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.
 
 
 def _tied_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """The course's vocabulary (256) with logits on three levels, so every row has dozens of tied maxima: the target's
+    """Vocabularies of 10, 17 and the course's 256 with logits on three levels, so every row has tied maxima: the target's
     token is the lowest tied id, and a draft of another tied id (or of the highest, as a last-index argmax
     would pick) is a mismatch."""
     g = torch.Generator().manual_seed(rng.randrange(2**31))
     cases = []
     for _ in range(n):
-        gamma = rng.randint(1, 6)
-        logits = torch.randint(0, 3, (gamma + 1, 256), generator=g).float()
+        gamma, V = rng.randint(1, 6), rng.choice([10, 17, 256])  # topk's tie order differs from argmax's at some V
+        logits = torch.randint(0, 3, (gamma + 1, V), generator=g).float()
         target = logits.argmax(-1)
         k = rng.randint(0, gamma)
         draft = target[:gamma].clone()
@@ -133,8 +133,9 @@ def check_greedy_verify_batched(fn: Callable) -> None:
         for gamma in (1, 3, 5):
             V = rng.choice([3, 10, 50])
             logits = torch.randn(B, gamma + 1, V, generator=g)
-            if B == 7:  # the course's vocabulary, logits on three levels: tied maxima in every row
-                V, logits = 256, torch.randint(0, 3, (B, gamma + 1, 256), generator=g).float()
+            if B in (7, 64):  # logits on three levels: tied maxima in every row (V = 256, the course's, and 10)
+                V = 256 if B == 7 else 10
+                logits = torch.randint(0, 3, (B, gamma + 1, V), generator=g).float()
             target = logits.argmax(-1)
             draft = torch.randint(0, V, (B, gamma), generator=g)
             for b in range(B):  # row b agrees with the target on a random prefix

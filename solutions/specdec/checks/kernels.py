@@ -267,6 +267,8 @@ def logsumexp_cases() -> list[tuple[str, torch.Tensor, int]]:
     x[1:, 0] = 60.0  # the next row starts with a large logit
     cases.append(("V = 48, BLOCK_V = 16: the next row starts with a large logit", x, 16))
     cases.append(("B = 1, V = 1", torch.tensor([[3.5]]), 8))
+    cases.append(("the max grows by 100 and then 200 across blocks (V = 4, BLOCK_V = 2: rescale s every time)",
+                  torch.tensor([[0.0, 100.0, 200.0, 1.0], [1.0, 0.0, -5.0, 300.0]]), 2))
     cases.append(("B = 5, V = 1000, BLOCK_V = 128, random", 4 * torch.randn(5, 1000, generator=g), 128))
     return cases
 
@@ -428,7 +430,8 @@ def check_tree_attention_kernel(kernel: Callable) -> None:
 
         def run(kern: Callable, q=q, k=k, v=v, mask=mask, block=block) -> torch.Tensor:
             outputs["out"] = guarded(torch.full(q.shape, float("nan")), _OUT_GUARD)
-            return ref.tree_attention(guarded(q, float("nan")), guarded(k, float("nan")), guarded(v, 1e4),
+            # NaN around v too: a value read past the keys, even with weight 0, turns the output into NaN
+            return ref.tree_attention(guarded(q, float("nan")), guarded(k, float("nan")), guarded(v, float("nan")),
                                       guarded(mask.to(torch.int8), 1), block_k=block, kernel=kern,
                                       out=outputs["out"]).cpu()
 

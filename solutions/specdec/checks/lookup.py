@@ -64,8 +64,8 @@ def check_find_match(fn: Callable) -> None:
     """Edge cases, then 300 random short sequences over 3 tokens (many repeats)."""
     cases = [(f"{d}: tokens={t}, n={n}", (list(t), n)) for d, t, n in _MATCH_EDGES]
     cases += [(d, (t, n)) for d, t, n in _random_sequences(300)]
-    cases += _as_tuples(cases[:12]) + [(f"{d} (ids + 97)", ([t + 97 for t in args[0]], args[1]))
-                                      for d, args in cases[12:60]]
+    cases += _as_tuples(cases[:12]) + [(f"{d} (ids + {shift})", ([t + shift for t in args[0]], args[1]))
+                                      for shift, (d, args) in zip((97, 300) * 30, cases[12:60])]
     compare_cases(fn, lookup.find_match, cases, integer=True)
 
 
@@ -136,7 +136,17 @@ def check_find_match_vectorised(fn: Callable) -> None:
               ("large ids (65535 and more): tokens=[7, 1, 2, 3, 4, 65535, 1, 2, 3, 4], n=5",
                (torch.tensor([7, 1, 2, 3, 4, 65535, 1, 2, 3, 4]), 5)),
               ("ids up to 2**40: tokens=[5, 2**40, 3, 6, 2**40, 3], n=2", (torch.tensor([5, 2**40, 3, 6, 2**40, 3]), 2)),
-              ("int32 ids: tokens=[4, 8, 4, 8], n=2", (torch.tensor([4, 8, 4, 8], dtype=torch.int32), 2))]
+              ("int32 ids: tokens=[4, 8, 4, 8], n=2", (torch.tensor([4, 8, 4, 8], dtype=torch.int32), 2)),
+              ("byte ids and n = 4: tokens=[200, 1, 2, 3, 9, 200, 1, 2, 4, 7, 200, 1, 2, 3], n=4",
+               (torch.tensor([200, 1, 2, 3, 9, 200, 1, 2, 4, 7, 200, 1, 2, 3]), 4))]
+    rng = random.Random(_SEED + 2)
+    for k in range(20):  # the course's 256 ids and longer n-grams: windows must match exactly, id by id
+        n = rng.randint(4, 6)
+        stem = [rng.randrange(256) for _ in range(n)]
+        tokens = [rng.randrange(256) for _ in range(rng.randint(0, 8))] + stem
+        tokens += [rng.randrange(256) for _ in range(rng.randint(0, 8))] + stem[:-1] + [(stem[-1] + 1) % 256]
+        tokens += [rng.randrange(256) for _ in range(rng.randint(0, 4))] + stem
+        cases.append((f"random byte ids, n={n}, case {k}: tokens={tokens}", (torch.tensor(tokens), n)))
     for description, args in cases:
         label = f"find_match_vectorised({description})"
         expected = lookup.find_match(args[0].tolist(), args[1])

@@ -99,10 +99,12 @@ def check_draft_propose(fn: Callable) -> None:
 
 def check_draft_token_probs(fn: Callable) -> None:
     g = torch.Generator().manual_seed(3)
-    for B, gamma, V in ((1, 3, 5), (4, 3, 7), (5, 1, 4)):
-        probs = torch.softmax(torch.randn(B, gamma, V, generator=g, dtype=torch.float64), -1)
+    for B, gamma, V, expanded in ((1, 3, 5, False), (4, 3, 7, False), (5, 1, 4, False), (6, 3, 7, True)):
+        probs = torch.softmax(torch.randn(1 if expanded else B, gamma, V, generator=g, dtype=torch.float64), -1)
+        probs = probs.expand(B, -1, -1) if expanded else probs  # the same row for every request: not contiguous
         drafts = torch.randint(0, V, (B, gamma), generator=g)
-        label = f"draft_token_probs(probs {tuple(probs.shape)}, drafts {tuple(drafts.shape)})"
+        label = (f"draft_token_probs(probs {tuple(probs.shape)}{' (one row expanded: not contiguous)' if expanded else ''}"
+                 f", drafts {tuple(drafts.shape)})")
         got = _tensor(label, call(fn, label, probs, drafts), (B, gamma))
         want = ref.draft_token_probs(probs, drafts)
         if not torch.allclose(got.double(), want):
@@ -119,7 +121,9 @@ def check_accept_drafts(fn: Callable) -> None:
     p[0, 0], u[0, 0] = 0.0, 0.0  # a token the target never produces, and a uniform of exactly 0
     p[1, 1], u[1, 1] = q[1, 1], 0.999  # p == q: always accepted
     p[2, 2], q[2, 2], u[2, 2] = 0.0, 0.0, 0.0  # p = q = 0 and u = 0: 0 < 0 is false, rejected
-    label = "accept_drafts(p_draft, q_draft, u) with u = 0 where p = 0, and one entry with p = q = 0"
+    p[3, 0], q[3, 0], u[3, 0] = 0.1 + 1e-12, 1.0, 0.1  # accepted in float64; float32 rounds p down to u: a tie
+    label = ("accept_drafts(p_draft, q_draft, u) with u = 0 where p = 0, one entry with p = q = 0 and one with "
+             "u * q within 1e-12 of p (float64)")
     got = _tensor(label, call(fn, label, p, q, u), (6, 4))
     want = ref.accept_drafts(p, q, u)
     if got.dtype != torch.bool or not torch.equal(got, want):
@@ -152,6 +156,10 @@ def check_accepted_counts(fn: Callable) -> None:
                            f"the counts with fixed-shape tensor operations (cumprod, sum).")
     expect_no_loop_over(fn, "accepted_counts", (torch.ones(2, 3, dtype=torch.bool),),
                         (torch.ones(6, 7, dtype=torch.bool),), "rows or positions")
+    label = "accepted_counts(a (4, 5) tensor on the 'meta' device: shapes only, as a GPU tensor would be elsewhere)"
+    got = call(fn, label, torch.ones(4, 5, dtype=torch.bool, device="meta"))
+    if not isinstance(got, torch.Tensor) or got.device.type != "meta" or tuple(got.shape) != (4,):
+        raise CheckFailure(f"{label}: the counts must stay on the tensors' device with shape (4,), got {got!r}")
 
 
 def check_residual(fn: Callable) -> None:

@@ -79,7 +79,8 @@ def check_flatten_tree(fn: Callable) -> None:
 
 
 def check_tree_mask(fn: Callable) -> None:
-    for desc, choices in TREES + _random_trees(20):
+    wide = [(0,)] + [(0,) * d for d in range(2, 40)] + [(r,) for r in range(1, 33)]  # 71 nodes: a chain and a star
+    for desc, choices in TREES + _random_trees(20) + [("a tree of 71 nodes (more than 64)", wide)]:
         parents = ref.flatten_tree(choices).parents
         label = f"tree_mask(parents={list(parents)}) for {desc}"
         got = call(fn, label, list(parents))
