@@ -611,7 +611,23 @@ def tokens_per_s_cap(n_params, bytes_per_param, bandwidth):
     return bandwidth / (n_params * bytes_per_param)
 
 
+def expected_tokens_per_round_int_at_one(a, gamma):
+    """An int where the signature says float is allowed (PEP 484's numeric tower): gamma + 1 at a = 1."""
+    if not 0 <= a <= 1 or gamma < 0:
+        raise ValueError(f"need 0 <= a <= 1 and gamma >= 0, got a={a}, gamma={gamma}")
+    return gamma + 1 if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
+
+
+def bonus_token_inverse_cdf(p_last, generator=None):
+    """One float64 uniform per row from the generator, then the first token whose CDF exceeds it."""
+    u = torch.rand(p_last.shape[0], 1, generator=generator, dtype=torch.float64)
+    cdf = p_last.double().cumsum(-1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp(max=p_last.shape[-1] - 1)[:, 0]
+
+
 ALTERNATIVES += [
+    (expected_tokens_per_round_int_at_one, ledger_checks.check_expected_tokens_per_round),
+    (bonus_token_inverse_cdf, pitfall_checks.check_bonus_token),
     (decode_step_floor_s, lambda fn: ledger_checks.check_decode_floor(fn, tokens_per_s_cap)),
     (tokens_per_s_cap, lambda fn: ledger_checks.check_decode_floor(decode_step_floor_s, fn)),
     (count_params, ledger_checks.check_count_params),
