@@ -17,6 +17,7 @@ from specdec.checks.core import (
     call_recorded,
     diagnose,
     expect_reproducible,
+    expect_value_error,
     fmt,
     not_implemented,
     single_threaded,
@@ -697,7 +698,7 @@ def _profile_state(itl: Mapping[int, Mapping[int, float]], rates: Sequence[float
 
 
 BAD_PROFILE = ("the profile is invalid: keep the template's first line, check_profile(itl, rates), which rejects it "
-               "with a ValueError.")
+               "with a ValueError")
 
 
 def _rejects_bad_profiles(fn: Callable) -> None:
@@ -706,16 +707,7 @@ def _rejects_bad_profiles(fn: Callable) -> None:
            ("itl={8: {0: 1.0, 2: 1.5}}, rates=[0.5, 0.75] (a rate that grows with the position)",
             ({8: {0: 1.0, 2: 1.5}}, [0.5, 0.75]))]
     for description, args in bad:
-        label = f"k_schedule({description})"
-        try:
-            got = fn(*copy.deepcopy(args))
-        except ValueError:
-            continue
-        except NotImplementedError as err:
-            raise not_implemented(fn, label, err) from None
-        except Exception as err:
-            raise CheckFailure(f"{label} raised {type(err).__name__}: {err}; {BAD_PROFILE}") from None
-        raise CheckFailure(f"{label} returned {got!r}, but {BAD_PROFILE}")
+        expect_value_error(fn, f"k_schedule({description})", *copy.deepcopy(args), why=BAD_PROFILE)
 
 
 def check_k_schedule(fn: Callable) -> None:
