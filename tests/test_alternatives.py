@@ -618,6 +618,13 @@ def expected_tokens_per_round_int_at_one(a, gamma):
     return gamma + 1 if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
 
 
+def expected_committed_length_int_when_empty(accept_probs):
+    """With no drafts the round commits exactly the target's token: the int 1 is a float by PEP 484's numeric tower."""
+    if not accept_probs:
+        return 1
+    return 1 + sum(math.prod(accept_probs[: i + 1]) for i in range(len(accept_probs)))
+
+
 def bonus_token_inverse_cdf(p_last, generator=None):
     """One float64 uniform per row from the generator, then the first token whose CDF exceeds it."""
     u = torch.rand(p_last.shape[0], 1, generator=generator, dtype=torch.float64)
@@ -628,6 +635,7 @@ def bonus_token_inverse_cdf(p_last, generator=None):
 ALTERNATIVES += [
     (expected_tokens_per_round_int_at_one, ledger_checks.check_expected_tokens_per_round),
     (bonus_token_inverse_cdf, pitfall_checks.check_bonus_token),
+    (expected_committed_length_int_when_empty, chain_checks.check_expected_committed_length),
     (decode_step_floor_s, lambda fn: ledger_checks.check_decode_floor(fn, tokens_per_s_cap)),
     (tokens_per_s_cap, lambda fn: ledger_checks.check_decode_floor(decode_step_floor_s, fn)),
     (count_params, ledger_checks.check_count_params),

@@ -17,6 +17,7 @@ from specdec.checks.core import (
     expect_reproducible,
     single_threaded,
     uniforms_at_zero,
+    uniforms_just_below_one,
     upstream_note,
 )
 from specdec.checks.greedy import CountingLM
@@ -81,27 +82,46 @@ def check_verify_chain(fn: Callable, n: int = 3000) -> None:
                         lambda seed: (p[0], q[0], draft[0], torch.Generator().manual_seed(seed)), seeds=range(5))
 
 
-def _edge_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, list[int], bool]]:
-    """(description, p, q, draft, the committed tokens every run must give, uniforms at 0): deterministic rounds.
-    With every uniform exactly 0 (a draw U[0, 1) allows), a draft of probability 0 must still be rejected (u < p/q
-    is false); a residual of mass 1e-7 is a distribution to sample from, not a zero to replace by p."""
+def _edge_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, list[int], str]]:
+    """(description, p, q, draft, the committed tokens every run must give, uniforms: "zero", "top" or "free"):
+    deterministic rounds. With every uniform exactly 0 (a draw U[0, 1) allows), a draft of probability 0 must still be
+    rejected (u < p/q is false); with every uniform 1 - 2**-53 (the largest float64 below 1), a ratio of 1 - 2e-10
+    must be rejected, which a float32 uniform or ratio does not; a residual of mass 1e-7 or 1e-10 is a distribution
+    to sample from, not a zero to replace by p."""
     d = torch.float64
     one_hot0 = torch.tensor([[1.0, 0.0, 0.0]], dtype=d)
+    near = torch.tensor([[0.5 + 1e-10, 0.5 - 1e-10, 0.0]], dtype=d)
     return [
         ("every uniform exactly 0; draft [1] has p = 0 (p[0] = [1, 0, 0], q[0] = [0.5, 0.5, 0])",
-         torch.cat([one_hot0, one_hot0]), torch.tensor([[0.5, 0.5, 0.0]], dtype=d), torch.tensor([1]), [0], True),
+         torch.cat([one_hot0, one_hot0]), torch.tensor([[0.5, 0.5, 0.0]], dtype=d), torch.tensor([1]), [0], "zero"),
         ("a residual of mass 1e-7: p[0] = [0.5, 0.5, 0], q[0] = [0.5, 0.5 - 1e-7, 1e-7], draft [2] (p = 0)",
          torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=d), torch.tensor([[0.5, 0.5 - 1e-7, 1e-7]], dtype=d),
-         torch.tensor([2]), [1], False),
+         torch.tensor([2]), [1], "free"),
+        ("every uniform 1 - 2**-53, the largest float64 below 1; p[0] = [0.5 + 1e-10, 0.5 - 1e-10, 0], "
+         "q[0] = [0.5, 0.5, 0], draft [1] (p / q = 1 - 2e-10)",
+         torch.cat([near, one_hot0]), torch.tensor([[0.5, 0.5, 0.0]], dtype=d), torch.tensor([1]), [0], "top"),
     ]
+
+
+_EDGE_WHY = {
+    "zero": ("A uniform can be exactly 0: accept only when u < p(y) / q(y), strictly (u * q(y) < p(y)), so a token the "
+             "target gives probability 0 is never accepted."),
+    "top": ("Draw the uniforms in float64 (torch.rand((), generator=generator, dtype=torch.float64)) and compare them "
+            "with the float64 ratio: u = 1 - 2**-53 is not below p / q = 1 - 2e-10, so draft 1 is rejected; in float32 "
+            "the ratio rounds to 1.0 (or u to 1 - 2**-24) and the draft is accepted. Then the residual max(p - q, 0) "
+            "= [1e-10, 0, 0] is all on token 0: normalise it, however small."),
+    "free": ("After the rejection the residual max(p - q, 0) has mass 1e-7, all on token 1: normalise it, however "
+             "small; fall back to p only when it is exactly 0 everywhere."),
+}
 
 
 def _check_edges(fn: Callable, batched: bool) -> None:
     name = "verify_chain_batched" if batched else "verify_chain"
-    for desc, p, q, draft, expected, at_zero in _edge_cases():
+    for desc, p, q, draft, expected, uniforms in _edge_cases():
         label = f"{name}({desc})"
         g = torch.Generator().manual_seed(_SEED)
-        with uniforms_at_zero() if at_zero else contextlib.nullcontext():
+        fixed = {"zero": uniforms_at_zero, "top": uniforms_just_below_one}.get(uniforms, contextlib.nullcontext)
+        with fixed():
             if batched:
                 B = 64
                 tokens, n = _unpack(call(fn, label, p.expand(B, -1, -1).contiguous(), q.expand(B, -1, -1).contiguous(),
@@ -111,11 +131,7 @@ def _check_edges(fn: Callable, batched: bool) -> None:
                 outputs = {tuple(call(fn, label, p, q, draft, g).tolist()) for _ in range(64)}
         wrong = sorted(o for o in outputs if list(o) != expected)
         if wrong:
-            why = ("A uniform can be exactly 0: accept only when u < p(y) / q(y), strictly (u * q(y) < p(y)), so a "
-                   "token the target gives probability 0 is never accepted." if at_zero else
-                   "After the rejection the residual max(p - q, 0) has mass 1e-7, all on token 1: normalise it, however "
-                   "small; fall back to p only when it is exactly 0 everywhere.")
-            raise CheckFailure(f"{label}: every run must commit {expected}; got {list(wrong[0])}. {why}")
+            raise CheckFailure(f"{label}: every run must commit {expected}; got {list(wrong[0])}. {_EDGE_WHY[uniforms]}")
 
 
 def _sampler_hint(exercise: str) -> str:
@@ -129,6 +145,8 @@ def check_expected_committed_length(fn: Callable) -> None:
     cases = [[], [1.0] * 5, [0.0, 1.0, 1.0], [0.9, 0.8, 0.7, 0.6], [0.5], [1.0, 0.0, 1.0]]
     cases += [[rng.random() for _ in range(rng.randint(1, 12))] for _ in range(30)]
     described = [(str([round(a, 4) for a in r]), (r,)) for r in cases]
+    described.append(("[1e-7] + [1.0] * 200 (every product counts, however small: E = 1 + 2e-5)",
+                      ([1e-7] + [1.0] * 200,)))
     described += [(f"the tuple {tuple(r)} (any sequence of floats)", (tuple(r),)) for r in cases[2:5]]
     compare_cases(fn, chain.expected_committed_length, described)
 

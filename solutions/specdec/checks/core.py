@@ -392,19 +392,39 @@ def uniforms_at_zero():
     """While inside, every uniform drawn with torch.rand, torch.rand_like or Tensor.uniform_ is exactly 0 (a draw that
     U[0, 1) allows): the one input that tells an acceptance test ``u < p / q`` from ``u <= p / q``, which accepts a
     token of probability 0. Sampling with torch.multinomial is left as it is."""
+    with _fixed_uniforms(top=False):
+        yield
+
+
+@contextlib.contextmanager
+def uniforms_just_below_one():
+    """While inside, every uniform is the largest value below 1 of the dtype it is drawn in (1 - 2**-53 in float64,
+    1 - 2**-24 in float32). A float64 test ``u < p / q`` then rejects a ratio of 1 - 2e-10; a float32 uniform, or a
+    ratio rounded to float32 (it becomes 1.0), accepts it: the input that shows float32 where float64 is prescribed."""
+    with _fixed_uniforms(top=True):
+        yield
+
+
+@contextlib.contextmanager
+def _fixed_uniforms(top: bool):
     rand, rand_like, uniform_ = torch.rand, torch.rand_like, torch.Tensor.uniform_
 
-    def zeros(*size, generator=None, dtype=None, device=None, out=None, **_):
+    def level(dtype: torch.dtype) -> float:
+        return 1.0 - torch.finfo(dtype).eps / 2 if top else 0.0
+
+    def fixed(*size, generator=None, dtype=None, device=None, out=None, **_):
         shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
-        return torch.zeros(shape, dtype=dtype or torch.get_default_dtype(), device=device)
+        dtype = dtype or torch.get_default_dtype()
+        return torch.full(shape, level(dtype), dtype=dtype, device=device)
 
-    def zeros_like(input, *, dtype=None, **_):
-        return torch.zeros_like(input, dtype=dtype)
+    def fixed_like(input, *, dtype=None, **_):
+        dtype = dtype or input.dtype
+        return torch.full_like(input, level(dtype), dtype=dtype)
 
-    def fill_low(self, low=0.0, high=1.0, *, generator=None):
-        return self.fill_(low)
+    def fill(self, low=0.0, high=1.0, *, generator=None):
+        return self.fill_(low + (high - low) * level(self.dtype) if top else low)
 
-    torch.rand, torch.rand_like, torch.Tensor.uniform_ = zeros, zeros_like, fill_low
+    torch.rand, torch.rand_like, torch.Tensor.uniform_ = fixed, fixed_like, fill
     try:
         yield
     finally:

@@ -509,6 +509,12 @@ def _check_cache_holds(label: str, who: str, model: Llama, cache, sequence: list
     if not isinstance(cache, KVCache):
         raise CheckFailure(f"{label}: return (output, target_cache, draft_cache) with the two KVCache objects; got a "
                            f"{type(cache).__name__} for the {who}'s cache.")
+    config, k = model.config, getattr(cache, "k", None)  # the course's cache (a Hugging Face one has no k)
+    if k is not None and (tuple(k.shape[:3]) != (config.n_layers, 1, config.n_kv_heads) or k.shape[-1] != config.head_dim):
+        raise CheckFailure(f"{label}: the cache returned as the {who}'s has {k.shape[0]} layers of "
+                           f"{k.shape[2]} KV heads of size {k.shape[-1]}, not the {who}'s "
+                           f"{config.n_layers} x {config.n_kv_heads} x {config.head_dim}: return (output, target_cache, "
+                           "draft_cache) in that order.")
     if cache.length not in lengths:
         want = " or ".join(str(n) for n in sorted(lengths))
         raise CheckFailure(f"{label}: the {who}'s cache holds {cache.length} entries; after the last round it should "

@@ -66,6 +66,10 @@ def check_find_match(fn: Callable) -> None:
     cases += [(d, (t, n)) for d, t, n in _random_sequences(300)]
     cases += _as_tuples(cases[:12]) + [(f"{d} (ids + {shift})", ([t + shift for t in args[0]], args[1]))
                                       for shift, (d, args) in zip((97, 300) * 30, cases[12:60])]
+    for length in (300, 2000):  # the only earlier occurrence is far back: the search has no window
+        history = [1, 2, 3] + list(range(10, 10 + length)) + [1, 2, 3]
+        cases.append((f"tokens=[1, 2, 3] + list(range(10, {10 + length})) + [1, 2, 3], n=3 (the match is at 0, "
+                      f"{length + 3} tokens back)", (history, 3)))
     compare_cases(fn, lookup.find_match, cases, integer=True)
 
 

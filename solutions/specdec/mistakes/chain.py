@@ -11,15 +11,23 @@ from specdec.rejection import residual_distribution
 from specdec.sampling import probs_from_logits
 
 
-def _chain(p, q, draft, generator=None, *, bonus_argmax=False, keep_going=False, from_p=False, bonus=True):
+def _chain(p, q, draft, generator=None, *, bonus_argmax=False, keep_going=False, from_p=False, bonus=True,
+           float32=False, residual_floor=0.0):
     gamma, committed = draft.shape[0], []
     for i in range(gamma):
         y = int(draft[i])
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
-        if u * float(q[i, y]) < float(p[i, y]):
+        if float32:  # a float32 uniform against a float32 ratio
+            accept = bool(torch.rand((), generator=generator) < (p[i, y] / q[i, y]).float())
+        else:
+            accept = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(q[i, y]) < float(p[i, y])
+        if accept:
             committed.append(y)
             continue
-        fallback = p[i].double() if from_p else residual_distribution(p[i], q[i])
+        excess = (p[i].double() - q[i].double()).clamp_min(0)
+        if from_p or excess.sum() <= residual_floor:
+            fallback = p[i].double()
+        else:
+            fallback = residual_distribution(p[i], q[i])
         committed.append(int(torch.multinomial(fallback, 1, generator=generator)))
         if not keep_going:
             return torch.tensor(committed)
@@ -125,6 +133,16 @@ MISTAKES: list[Mistake] = [
     Mistake("speculative_round", "draft_at_temperature_1", _round_draft_t1,
             "the draft samples at temperature 1 but the verifier is told the tempered q; q must be what the draft sampled from "
             "(here: sample the draft at `temperature`, as stated)."),
+    Mistake("verify_chain", "float32_uniforms", lambda p, q, d, g=None: _chain(p, q, d, g, float32=True),
+            "the uniform and the ratio are float32: a ratio of 1 - 2e-10 rounds to 1.0 and is always accepted; draw u "
+            "in float64 as stated."),
+    Mistake("verify_chain", "tiny_residual_as_zero", lambda p, q, d, g=None: _chain(p, q, d, g, residual_floor=1e-9),
+            "a residual of mass below 1e-9 is replaced by p; normalise it however small (fall back to p only at 0)."),
+    Mistake("verify_chain_batched", "tiny_residual_as_zero",
+            _batched(lambda p, q, d, g=None: _chain(p, q, d, g, residual_floor=1e-9)),
+            "a residual of mass below 1e-9 is replaced by p; normalise it however small."),
+    Mistake("verify_chain_batched", "float32_uniforms", _batched(lambda p, q, d, g=None: _chain(p, q, d, g, float32=True)),
+            "the uniforms and ratios are float32; draw them in float64."),
     Mistake("verify_chain", "global_rng", lambda p, q, d, g=None: _chain(p, q, d, None),
             "Draw every uniform and every sample with the generator you are given."),
 ]
