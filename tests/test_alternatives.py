@@ -606,6 +606,8 @@ def decode_step_floor_s(n_params, bytes_per_param, bandwidth):
 
 
 def tokens_per_s_cap(n_params, bytes_per_param, bandwidth):
+    if not isinstance(n_params, int) or isinstance(n_params, bool):
+        raise TypeError(f"n_params must be an int, got {n_params!r}")
     if min(n_params, bytes_per_param, bandwidth) <= 0:
         raise ValueError("n_params, bytes_per_param and bandwidth must be positive")
     return bandwidth / (n_params * bytes_per_param)
@@ -616,6 +618,13 @@ def expected_tokens_per_round_int_at_one(a, gamma):
     if not 0 <= a <= 1 or gamma < 0:
         raise ValueError(f"need 0 <= a <= 1 and gamma >= 0, got a={a}, gamma={gamma}")
     return gamma + 1 if a == 1 else (1 - a ** (gamma + 1)) / (1 - a)
+
+
+def acceptance_probability_int_zero(p, q, y):
+    """The int 0 where the target gives the draft no probability: a float by PEP 484's numeric tower."""
+    if p[y] == 0:
+        return 0
+    return min(1.0, float(p[y] / q[y]))
 
 
 def expected_committed_length_int_when_empty(accept_probs):
@@ -636,6 +645,7 @@ ALTERNATIVES += [
     (expected_tokens_per_round_int_at_one, ledger_checks.check_expected_tokens_per_round),
     (bonus_token_inverse_cdf, pitfall_checks.check_bonus_token),
     (expected_committed_length_int_when_empty, chain_checks.check_expected_committed_length),
+    (acceptance_probability_int_zero, rejection_checks.check_acceptance_probability),
     (decode_step_floor_s, lambda fn: ledger_checks.check_decode_floor(fn, tokens_per_s_cap)),
     (tokens_per_s_cap, lambda fn: ledger_checks.check_decode_floor(decode_step_floor_s, fn)),
     (count_params, ledger_checks.check_count_params),

@@ -108,7 +108,8 @@ def speculative_greedy_generate(
 
     Each round: the draft proposes gamma tokens greedily; the target scores the last
     committed token and the drafts in one call of ``target.logits``; greedy_verify
-    decides what to commit. Returns (tokens (n_tokens,), tokens committed per round).
+    decides what to commit. Returns (tokens (n_tokens,) int64 whatever the prompt's integer dtype,
+    tokens committed per round as a list of ints).
     """
     check_positive_int(n_tokens, "n_tokens")
     check_positive_int(gamma, "gamma")

@@ -49,7 +49,8 @@ def decode_step_floor_s(n_params: int, bytes_per_param: float, bandwidth: float)
 
 def tokens_per_s_cap(n_params: int, bytes_per_param: float, bandwidth: float) -> float:
     """Upper bound on batch-1 decode speed (tokens/s): one token per weight read.
-    Raises ValueError for a non-positive input (as decode_step_floor_s does)."""
+    Raises on what decode_step_floor_s refuses: ValueError for a non-positive input, TypeError for an
+    n_params that is not an int (2.5 parameters is not a model)."""
     ### BEGIN SOLUTION
     return 1.0 / decode_step_floor_s(n_params, bytes_per_param, bandwidth)
     ### END SOLUTION

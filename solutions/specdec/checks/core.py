@@ -444,15 +444,15 @@ def describe_types(values: Any) -> str:
     return f"a {type(values).__name__}"
 
 
-def expect_value_error(fn: Callable, label: str, *args: Any, why: str) -> None:
-    """The statement promises a ValueError for this bad input (the course's rule: bad input gets a clear error,
-    never a silent wrong number)."""
+def expect_value_error(fn: Callable, label: str, *args: Any, why: str, error: type[Exception] = ValueError) -> None:
+    """The statement promises a ValueError (or ``error``) for this bad input (the course's rule: bad input gets a
+    clear error, never a silent wrong number)."""
     try:
         got = fn(*args)
-    except ValueError:
+    except error:
         return
     except NotImplementedError as err:
         raise not_implemented(fn, label, err) from None
     except Exception as err:
-        raise CheckFailure(f"{label} raised {type(err).__name__}: {err}; expected a ValueError ({why}).") from None
-    raise CheckFailure(f"{label} returned {fmt(got)}; expected a ValueError: {why}.")
+        raise CheckFailure(f"{label} raised {type(err).__name__}: {err}; expected a {error.__name__} ({why}).") from None
+    raise CheckFailure(f"{label} returned {fmt(got)}; expected a {error.__name__}: {why}.")

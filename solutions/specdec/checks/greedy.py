@@ -85,10 +85,45 @@ def _tied_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.Te
     return cases
 
 
+def _near_tie_logits(g: torch.Generator, shape: tuple[int, ...], V: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random logits whose every row has its maximum at a higher id and, below it by the smallest gap the dtype
+    keeps (1e-12 in float64, 1e-3 in float32), a runner-up at a lower id: a float32 softmax, or a cast to bfloat16,
+    turns the pair into a tie that goes to the lower id."""
+    logits = torch.rand(*shape, V, generator=g, dtype=dtype)
+    rows = logits.reshape(-1, V)
+    gap = 1e-12 if dtype == torch.float64 else 1e-3
+    for row in rows:
+        low, high = sorted(torch.randperm(V, generator=g)[:2].tolist())
+        row[high], row[low] = 2.0, 2.0 - gap
+    return logits
+
+
+def _near_tie_cases(rng: random.Random, n: int) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(draft, logits, k) at V = 256 with near-tied maxima in float64 and float32 logits."""
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    cases = []
+    for i in range(n):
+        gamma = rng.randint(1, 5)
+        logits = _near_tie_logits(g, (gamma + 1,), 256, torch.float64 if i % 2 == 0 else torch.float32)
+        target = logits.argmax(-1)
+        k = rng.randint(0, gamma)
+        draft = target[:gamma].clone()
+        if k < gamma:
+            draft[k] = (target[k] + rng.randint(1, 255)) % 256
+        cases.append((draft, logits, k))
+    return cases
+
+
 def _tie_note(logits: torch.Tensor) -> str:
     tied = [(i, (row == row.max()).nonzero().flatten().tolist()) for i, row in enumerate(logits)]
     tied = [(i, ids) for i, ids in tied if len(ids) > 1]
     if not tied:
+        top2 = logits.reshape(-1, logits.shape[-1]).double().topk(2, -1).values
+        gap = float((top2[:, 0] - top2[:, 1]).min())
+        if gap < 1e-2:
+            return (f" Two logits of a row differ by only {gap:.0e} ({logits.dtype}): take the argmax of target_logits "
+                    "as they are; a softmax in float32 or a cast to a lower precision rounds them to a tie, which goes "
+                    "to the lower id.")
         return ""
     i, ids = tied[0]
     return (f" Row {i} of target_logits has its maximum at ids {ids[:4] + ['...'] if len(ids) > 4 else ids}: the target's "
@@ -99,11 +134,11 @@ def check_greedy_verify(fn: Callable) -> None:
     """200 random rounds: every k from 0 to gamma, V from 2 to 50, matches after a mismatch; then 40 rounds at
     V = 256 with tied maxima."""
     rng = random.Random(_SEED)
-    cases = _verify_cases(rng, 200) + _tied_cases(rng, 40)
+    cases = _verify_cases(rng, 200) + _tied_cases(rng, 40) + _near_tie_cases(rng, 20)
     cases += [(draft.int(), logits, k) for draft, logits, k in cases[:10]]  # int32 token ids are token ids too
     for draft, logits, k in cases:
         label = (f"greedy_verify(draft={draft.tolist()}{'' if draft.dtype == torch.long else f' as {draft.dtype}'}, "
-                 f"target argmax={logits.argmax(-1).tolist()})")
+                 f"{logits.dtype} target_logits with argmax={logits.argmax(-1).tolist()})")
         got = call(fn, label, draft, logits)
         expected = greedy.greedy_verify(draft, logits)
         if not isinstance(got, torch.Tensor) or got.ndim != 1:
@@ -125,8 +160,9 @@ def _batch(B: int, gamma: int, V: int = 10, seed: int = 0) -> tuple[torch.Tensor
 
 
 def check_greedy_verify_batched(fn: Callable) -> None:
-    """Ragged batches (B = 1, 2, 7, 64) against the single-sequence reference, row by row;
-    the same number of torch operations whatever B and gamma (no Python loop)."""
+    """Ragged batches (B = 1, 2, 7, 64) against the single-sequence reference, row by row; tied and near-tied
+    maxima, int32 drafts, non-contiguous logits; the same number of torch operations whatever B and gamma (no Python
+    loop)."""
     rng = random.Random(_SEED + 1)
     g = torch.Generator().manual_seed(_SEED)
     for B in (1, 2, 7, 64):
@@ -136,42 +172,65 @@ def check_greedy_verify_batched(fn: Callable) -> None:
             if B in (7, 64):  # logits on three levels: tied maxima in every row (V = 256, the course's, and 10)
                 V = 256 if B == 7 else 10
                 logits = torch.randint(0, 3, (B, gamma + 1, V), generator=g).float()
-            target = logits.argmax(-1)
-            draft = torch.randint(0, V, (B, gamma), generator=g)
-            for b in range(B):  # row b agrees with the target on a random prefix
-                k = rng.randint(0, gamma)
-                draft[b, :k] = target[b, :k]
+            draft = _agreeing_drafts(rng, g, logits)
             if B == 2:
                 draft = draft.int()  # int32 ids: the outputs are long all the same
-            label = f"greedy_verify_batched(B={B}, gamma={gamma}, V={V}, draft of {draft.dtype})"
-            got = call(fn, label, draft, logits)
-            if not (isinstance(got, tuple) and len(got) == 2):
-                raise CheckFailure(f"{label}: return (tokens, n_committed), got {type(got).__name__}")
-            tokens, n_committed = got
-            expected_tokens, expected_n = greedy.greedy_verify_batched(draft, logits)
-            if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (B, gamma + 1):
-                raise CheckFailure(f"{label}: tokens must have shape (B, gamma + 1) = ({B}, {gamma + 1}), got "
-                                   f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
-            if not isinstance(n_committed, torch.Tensor) or not same(n_committed.reshape(-1), expected_n):
-                raise CheckFailure(f"{label}: n_committed should be {expected_n.tolist()}, got "
-                                   f"{n_committed.tolist() if isinstance(n_committed, torch.Tensor) else n_committed!r}."
-                                   + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)]))
-            if tuple(n_committed.shape) != (B,):
-                raise CheckFailure(f"{label}: n_committed must have shape (B,) = ({B},), got {tuple(n_committed.shape)}")
-            if not same(tokens, expected_tokens):
-                row = next(b for b in range(B) if not torch.equal(tokens[b].long(), expected_tokens[b]))
-                raise CheckFailure(
-                    f"{label}: row {row} (draft {draft[row].tolist()}, target argmax {target[row].tolist()}) should be "
-                    f"{expected_tokens[row].tolist()}, got {tokens[row].tolist()} (PAD = {greedy.PAD})."
-                    + diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)])
-                )
-            if tokens.dtype != torch.long or n_committed.dtype != torch.long:
-                raise CheckFailure(f"{label}: the right values, but tokens are {tokens.dtype} and n_committed "
-                                   f"{n_committed.dtype}, as the statement asks for long. Return long (int64) tensors, "
-                                   "the dtype of token ids.")
+            _compare_batched(fn, f"greedy_verify_batched(B={B}, gamma={gamma}, V={V}, draft of {draft.dtype})", draft,
+                             logits)
+    for dtype in (torch.float64, torch.float32):
+        logits = _near_tie_logits(g, (5, 4), 256, dtype)
+        _compare_batched(fn, f"greedy_verify_batched(B=5, gamma=3, V=256, {dtype} logits whose two largest differ by "
+                         f"{1e-12 if dtype == torch.float64 else 1e-3:g})", _agreeing_drafts(rng, g, logits), logits)
+    strided = torch.randn(6, 4, 10, generator=g)[::2]  # every other sequence of a batch: not contiguous
+    transposed = torch.randn(3, 10, 4, generator=g).transpose(1, 2)  # (B, V, gamma + 1) seen as (B, gamma + 1, V)
+    for what, logits in (("logits[::2] of a batch of 6", strided), ("logits.transpose(1, 2)", transposed)):
+        _compare_batched(fn, f"greedy_verify_batched(B=3, gamma=3, V=10, non-contiguous {what})",
+                         _agreeing_drafts(rng, g, logits), logits)
     label = "greedy_verify_batched"
     expect_no_loop_over(fn, label, _batch(8, 4), _batch(64, 4), "rows")
     expect_no_loop_over(fn, label, _batch(8, 2), _batch(8, 6), "positions")
+
+
+def _agreeing_drafts(rng: random.Random, g: torch.Generator, logits: torch.Tensor) -> torch.Tensor:
+    """Random drafts (B, gamma) where row b agrees with the target's argmax on a random prefix."""
+    B, gamma, V = logits.shape[0], logits.shape[1] - 1, logits.shape[2]
+    target = logits.argmax(-1)
+    draft = torch.randint(0, V, (B, gamma), generator=g)
+    for b in range(B):
+        k = rng.randint(0, gamma)
+        draft[b, :k] = target[b, :k]
+    return draft
+
+
+def _compare_batched(fn: Callable, label: str, draft: torch.Tensor, logits: torch.Tensor) -> None:
+    B, gamma = draft.shape
+    target = logits.argmax(-1)
+    got = call(fn, label, draft, logits)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise CheckFailure(f"{label}: return (tokens, n_committed), got {type(got).__name__}")
+    tokens, n_committed = got
+    expected_tokens, expected_n = greedy.greedy_verify_batched(draft, logits)
+    if not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (B, gamma + 1):
+        raise CheckFailure(f"{label}: tokens must have shape (B, gamma + 1) = ({B}, {gamma + 1}), got "
+                           f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+    if not isinstance(n_committed, torch.Tensor) or not same(n_committed.reshape(-1), expected_n):
+        raise CheckFailure(f"{label}: n_committed should be {expected_n.tolist()}, got "
+                           f"{n_committed.tolist() if isinstance(n_committed, torch.Tensor) else n_committed!r}."
+                           + (diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)])
+                              or _tie_note(logits)))
+    if tuple(n_committed.shape) != (B,):
+        raise CheckFailure(f"{label}: n_committed must have shape (B,) = ({B},), got {tuple(n_committed.shape)}")
+    if not same(tokens, expected_tokens):
+        row = next(b for b in range(B) if not torch.equal(tokens[b].long(), expected_tokens[b]))
+        raise CheckFailure(
+            f"{label}: row {row} (draft {draft[row].tolist()}, target argmax {target[row].tolist()}) should be "
+            f"{expected_tokens[row].tolist()}, got {tokens[row].tolist()} (PAD = {greedy.PAD})."
+            + (diagnose(for_exercise("greedy_verify_batched"), [((draft, logits), got)]) or _tie_note(logits[row]))
+        )
+    if tokens.dtype != torch.long or n_committed.dtype != torch.long:
+        raise CheckFailure(f"{label}: the right values, but tokens are {tokens.dtype} and n_committed "
+                           f"{n_committed.dtype}, as the statement asks for long. Return long (int64) tensors, "
+                           "the dtype of token ids.")
 
 
 class CountingLM:
@@ -207,11 +266,12 @@ def _check_generate(fn: Callable) -> None:
         target = ToyLM(V, seed=seed)
         draft = target.noisy_copy(noise, seed=seed + 100)
         for prompt in ([1], [5 % V, 9 % V], [2, 3, 4]):
-            prompt_t = torch.tensor(prompt)
+            int32 = seed == 3 and len(prompt) == 3  # token ids of another integer dtype: the output is int64
+            prompt_t = torch.tensor(prompt, dtype=torch.int32 if int32 else torch.long)
             for gamma in (1, 3, 5):
                 for n_tokens in (40, 7, 1):
-                    label = (f"speculative_greedy_generate(V={V}, draft noise={noise}, prompt={prompt}, "
-                             f"n_tokens={n_tokens}, gamma={gamma})")
+                    label = (f"speculative_greedy_generate(V={V}, draft noise={noise}, prompt={prompt}"
+                             f"{' as int32' if int32 else ''}, n_tokens={n_tokens}, gamma={gamma})")
                     counting = CountingLM(target)
                     got = call(fn, label, counting, draft, prompt_t, n_tokens, gamma)
                     if not (isinstance(got, tuple) and len(got) == 2):

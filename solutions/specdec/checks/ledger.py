@@ -86,6 +86,8 @@ def check_decode_floor(step_fn: Callable, cap_fn: Callable) -> None:
     for args in ((0, 2, 3.35e12), (7_000_000_000, -2, 3.35e12), (7_000_000_000, 2, 0.0)):
         expect_value_error(cap_fn, f"tokens_per_s_cap{args}", *args,
                            why="a model, a precision and a bandwidth are positive; decode_step_floor_s checks them")
+    expect_value_error(cap_fn, "tokens_per_s_cap(n_params=7e9 + 0.5, 2, 3.35e12)", 7e9 + 0.5, 2, 3.35e12, error=TypeError,
+                       why="a parameter count is an int; decode_step_floor_s's check_positive_int refuses a float")
 
 
 def check_kv_bytes_per_token(fn: Callable) -> None:
@@ -94,6 +96,8 @@ def check_kv_bytes_per_token(fn: Callable) -> None:
     cases = list(models)
     for nbytes in (4, 1, 0.5):
         cases += [(f"{desc}, bytes_per_elem={nbytes}", (*args, nbytes)) for desc, args in models]
+    cases += [(f"{desc}, bytes_per_elem=0.3 (any positive size: the bytes need not be whole)", (*args, 0.3))
+              for desc, args in models[:3]]
     compare_cases(fn, ledger.kv_bytes_per_token, cases)
 
 
@@ -111,6 +115,8 @@ def check_speedup(fn: Callable) -> None:
     pairs = _rate_gamma_pairs()
     pairs = pairs[:42] + [(a, g) for a, g in pairs if a in (1, 0.99999)]  # a = 1 exactly, and next to it
     cases = [(f"a={a!r}, gamma={g}, c={c!r}", (a, g, c)) for a, g in pairs for c in costs]
+    cases += [(f"a={a!r}, gamma={g}, c={c!r} (a draft slower than the target: allowed, speculation loses)", (a, g, c))
+              for a, g in pairs[:6] for c in (1.5, 4.0)]
     compare_cases(fn, ledger.speedup, cases, rel=1e-7,
                   requires=[("expected_tokens_per_round", check_expected_tokens_per_round)])
     for a, gamma in ((1.5, 4), (-0.1, 4), (0.8, -1)):

@@ -86,8 +86,10 @@ def check_residual_distribution(fn: Callable) -> None:
 
 
 def check_output_paths(fn: Callable) -> None:
-    """Both paths on every pair; they must add up to p."""
-    for desc, p, q in _pairs():
+    """Both paths on every pair, and on float32 pairs (the paths are float64 all the same)."""
+    pairs = _pairs()
+    pairs += [(f"{desc}, given as float32", p.float(), q.float()) for desc, p, q in pairs[:1] + pairs[-3:]]
+    for desc, p, q in pairs:
         label = _label("output_paths", desc, p, q)
         got = call(fn, label, p, q)
         if not (isinstance(got, tuple) and len(got) == 2):
@@ -137,6 +139,14 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
                     raise CheckFailure(f"{label}: after a rejection the output {token} has residual probability 0; "
                                        f"the residual is {_fmt(rejection.residual_distribution(p, q))}. "
                                        "Draw from the residual max(p - q, 0) / sum, not from p or q.")
+    desc, p, q = _pairs()[0]
+    for y in range(len(q)):  # the draft token as torch.multinomial gives it: a 0-d long tensor; the token is an int
+        label = _label("verify_token", desc, p, q, f", y=torch.tensor({y}), u=0.5")
+        got = call(fn, label, p, q, torch.tensor(y), 0.5, torch.Generator().manual_seed(y))
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], bool) and isinstance(got[1], int)
+                and not isinstance(got[1], bool)):
+            raise CheckFailure(f"{label}: return (accepted, token), a bool and an int whatever the type of y, got "
+                               f"{got!r}: int(y) when the draft is accepted.")
     for ratio_p, ratio_q in ((0.3, 0.7), (0.2, 0.3), (0.11, 0.13), (0.37, 0.41), (0.05, 0.9)):
         p = torch.tensor([ratio_p, 1 - ratio_p], dtype=torch.float64)
         q = torch.tensor([ratio_q, 1 - ratio_q], dtype=torch.float64)
