@@ -37,7 +37,13 @@ def simulated_round(rng: random.Random, alpha: float, gamma: int) -> int:
 
 
 def check_acceptance_from_rounds(fn: Callable) -> None:
-    compare_cases(fn, ref.acceptance_from_rounds, _rounds_cases(), rel=1e-9)
+    cases = _rounds_cases()
+    compare_cases(fn, ref.acceptance_from_rounds, cases, rel=1e-9)
+    for label, args in cases[:3]:
+        got = call(fn, f"acceptance_from_rounds({label})", *args)
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            raise CheckFailure(f"acceptance_from_rounds({label}): the right value, but as {type(got).__name__} "
+                               f"({got!r}); the signature promises a float: float(...) of it.")
 
 
 def check_alpha_from_rate(fn: Callable) -> None:
@@ -47,6 +53,7 @@ def check_alpha_from_rate(fn: Callable) -> None:
     cases = [(0.757, 4), (1.0, 4), (0.0, 3)]
     cases += [(metrics.rate_from_alpha(alpha, gamma), gamma)
               for alpha in (0.05, 0.15, 0.3, 0.6, 0.8, 0.89, 0.95, 0.999) for gamma in (1, 2, 4, 8, 16)]
+    cases += [(0.999, 4), (0.9995, 2), (0.99999, 8)]  # rates just below 1: alpha is not 1 there
     for rate, gamma in cases:
         label = f"alpha_from_rate(rate={rate:.6g}, gamma={gamma})"
         want = metrics.alpha_from_rate(rate, gamma)
@@ -108,9 +115,11 @@ def check_best_measured_gamma(fn: Callable) -> None:
                   ("code", "draft", 6, 505.0), ("math", "draft", 8, 720.0), ("math", "draft", 2, 600.0),
                   ("math", "draft", 6, 720.0), ("code", "lookup", 5, 900.0), ("code", "lookup", 1, 350.0),
                   ("math", "lookup", 2, 100.0), ("math", "lookup", 4, 90.0), ("math", "lookup", 6, 95.0),
-                  ("agent", "draft", 3, 512.2), ("agent", "draft", 5, 512.4), ("agent", "draft", 7, 511.9)])
+                  ("agent", "draft", 3, 512.2), ("agent", "draft", 5, 512.4), ("agent", "draft", 7, 511.9),
+                  ("code", "draft_undistilled", 3, 999.0), ("math", "draft_undistilled", 5, 999.0)])
     cases = [("code", "draft", 4), ("math", "draft", 6), ("code", "lookup", 5), ("math", "lookup", 2),
-             ("agent", "draft", 5)]  # 512.4 beats 512.2 by 0.2 tokens/s: compare the measured values, unrounded
+             ("agent", "draft", 5),  # 512.4 beats 512.2 by 0.2 tokens/s: compare the measured values, unrounded
+             ("code", "draft_undistilled", 3)]  # "draft" is not "draft_undistilled": compare proposers whole
     mistakes = for_exercise("best_measured_gamma")
     history = []
     for task, proposer, want in cases:

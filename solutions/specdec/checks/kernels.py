@@ -90,17 +90,37 @@ def loads_counted(watched: dict[str, torch.Tensor]) -> Iterator[dict[str, int]]:
 
 
 def expect_one_pass(kernel: Callable, name: str, label: str, run: Callable[[Callable, dict], object],
-                    inputs: dict[str, torch.Tensor]) -> None:
-    """The statement asks for one pass over the row: each element of each input is loaded once, not twice."""
+                    inputs: dict[str, torch.Tensor], programs_per_element: int = 1) -> None:
+    """The statement asks for one pass: each program loads each element of each input at most once, so an element is
+    loaded at most ``programs_per_element`` times (1 when a row belongs to one program; N for tree attention, whose
+    N node programs of a head all read its keys)."""
     watched = {key: guarded(t, 0.0) for key, t in inputs.items()}
     with loads_counted(watched) as counts:
         launch(kernel, name, label, lambda k: run(k, watched))
     for key, count in counts.items():
-        if count > watched[key].numel():
+        if count > programs_per_element * watched[key].numel():
+            per_program = "" if programs_per_element == 1 else (
+                f", {programs_per_element} programs read each element, so at most {programs_per_element} loads")
             raise CheckFailure(f"{label}: the kernel loaded {count} elements of {key}, which has {watched[key].numel()}: "
-                               f"{count / watched[key].numel():.2g} loads per element. The statement asks for one pass: "
-                               "load each block once and update the running state from it (a first pass for the "
-                               "maximum and a second for the rest reads the row twice, twice the memory traffic).")
+                               f"{count / watched[key].numel():.2g} loads per element{per_program}. The statement asks "
+                               "for one pass: load each block once and update the running state from it (a first pass "
+                               "for the maximum and a second for the rest reads everything twice, twice the memory "
+                               "traffic).")
+
+
+def expect_lowest_index_on_ties(kernel: Callable, label: str) -> None:
+    """tl.argmax(..., tie_break_left=False) returns the highest tied index on a GPU; the interpreter always returns the
+    lowest (numpy's argmax), so only the source shows it."""
+    source = getattr(kernel, "src", None)
+    if source is None:  # the interpreter's InterpretedFunction wraps the Python function
+        try:
+            source = inspect.getsource(getattr(kernel, "fn", kernel))
+        except (OSError, TypeError):
+            source = ""
+    if "tie_break_left=False" in source.replace(" ", ""):
+        raise CheckFailure(f"{label}: the kernel calls tl.argmax with tie_break_left=False, which gives ties to the "
+                           "highest index when compiled on a GPU (the CPU interpreter hides it); the statement gives "
+                           "them to the lowest column: keep the default, tie_break_left=True.")
 
 
 def _is_kernel(fn: object) -> bool:
@@ -205,6 +225,10 @@ def race_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
     cases.append(("V = 48, BLOCK_V = 16: the next row starts with a huge weight", w, torch.ones(3, 48), 16))
     w, e = torch.rand(1, 5, generator=g), noise(1, 5)
     cases.append(("B = 1, V = 5 smaller than one block", w, e, 8))
+    w = torch.rand(2, 40, generator=g) * 0.5
+    w[0, 3], w[0, 20], w[1, 5], w[1, 6] = 1.0, 1.0004, 1.0, 1.0 + 2.0**-20  # distinct in float32, tied in float16
+    cases.append(("near ties in float32 (1.0 and 1.0004; 1.0 and 1.0 + 2**-20), noise 1: score in float32",
+                  w, torch.ones(2, 40), 16))
     w, e = torch.rand(3, 33, generator=g), noise(3, 33)
     w[:, ::3] = 0.0
     e[:, 1::4] = float("inf")  # weight 0 and infinite noise: scores 0, never NaN
@@ -238,6 +262,7 @@ def check_race_kernel(kernel: Callable) -> None:
     w, e = race_cases()[-1][1:3]
     expect_one_pass(kernel, "race_kernel", "race_kernel on B = 8, V = 1000, BLOCK_V = 128, loads counted",
                     lambda k, t: ref.race(t["w"], t["e"], block_v=128, kernel=k), {"w": w, "e": e})
+    expect_lowest_index_on_ties(kernel, "race_kernel")
     expect_compiles(kernel, "race_kernel")
 
 
@@ -348,6 +373,18 @@ def verify_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
         p[row, :position] = q[row, :position]
     cases.append(("sampling rows rejected where q >= p at every token (a residual of zeros: p(0) = 0), V = 12, "
                   "BLOCK_V = 8", (p, q, draft, u, e, greedy), 8))
+    p, q, draft, u, e, greedy = verify_inputs(2, 2, 12, 9)  # sampling rows whose residual has mass 1e-7, on token 2
+    greedy[:] = False
+    for row, position in ((0, 0), (1, 1)):
+        target = torch.zeros(12).index_put((torch.tensor([4, 7, 9]),), torch.tensor([0.25, 0.25, 0.5]))
+        q[row, position], p[row, position] = target, target.clone()
+        p[row, position, 4] -= 1e-7
+        p[row, position, 2] = 1e-7  # max(p - q, 0) = 1e-7 on token 2 alone: the correction must be 2
+        draft[row, : position + 1] = 4
+        u[row, : position + 1] = 1 - 2.0**-24  # the largest float32 below 1: u * q(4) > p(4), rejected
+        p[row, :position] = q[row, :position]
+    cases.append(("sampling rows rejected where the residual max(p - q, 0) has mass 1e-7, all on token 2, V = 12, "
+                  "BLOCK_V = 8", (p, q, draft, u, e, greedy), 8))
     return cases
 
 
@@ -385,6 +422,7 @@ def check_verify_chain_kernel(kernel: Callable) -> None:
                 f"expected tokens {want_tokens[row].tolist()} and count {int(want_counts[row])}, got "
                 f"{tokens[row].tolist()} and {int(counts[row])}{never}."
                 + hint("verify_chain_kernel", run, got, _same_ints))
+    expect_lowest_index_on_ties(kernel, "verify_chain_kernel")
     expect_compiles(kernel, "verify_chain_kernel")
 
 
@@ -445,6 +483,11 @@ def check_tree_attention_kernel(kernel: Callable) -> None:
             raise CheckFailure(f"{label}: head {h}, node {i} (sees the prefix and tree nodes {seen}): expected "
                                f"{_head(expected[h, i])}, got {_head(got[h, i])}."
                                + hint("tree_attention_kernel", run, got, _same_floats))
+    q, k, v, mask = tree_cases()[2][1]
+    expect_one_pass(kernel, "tree_attention_kernel", "tree_attention_kernel on H = 3, L = 21, the default 12-node tree, "
+                    "D = 24, BLOCK_K = 16, loads counted",
+                    lambda kern, t: ref.tree_attention(t["q"], t["k"], t["v"], mask, block_k=16, kernel=kern),
+                    {"q": q, "k": k, "v": v}, programs_per_element=mask.shape[0])
     expect_compiles(kernel, "tree_attention_kernel")
 
 

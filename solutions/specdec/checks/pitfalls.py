@@ -226,6 +226,16 @@ def check_correction_token(fn: Callable) -> None:
                               torch.Generator().manual_seed(12)), (5000,))
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(ref.residual(p_zeros, q_large)[0])}, label,
                         "Sample from max(p - q, 0), normalised: a token the target gives probability 0 never comes out.")
+    tiny_p = torch.tensor([[0.5 + 1e-10, 0.5 - 1e-10, 0.0]], dtype=torch.float64)  # residual: 1e-10 on token 0 alone
+    tiny_q = torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64)
+    label = ("correction_token(p = [0.5 + 1e-10, 0.5 - 1e-10, 0], q = [0.5, 0.5, 0], 64 rows: the residual has mass "
+             "1e-10, all on token 0)")
+    got = _tensor(label, call(fn, label, tiny_p.expand(64, -1), tiny_q.expand(64, -1), torch.Generator().manual_seed(13)),
+                  (64,))
+    if bool((got != 0).any()):
+        raise CheckFailure(f"{label}: every row must give token 0, got {sorted(set(got.tolist()))}. Build the residual in "
+                           "the probabilities' own dtype (float64 here): in float32 p and q round to the same values, "
+                           "the residual vanishes and the fallback to p draws token 1 half the time.")
     expect_reproducible(fn, "correction_token(p uniform over 40 tokens, q one-hot, 16 rows)",
                         lambda seed: (torch.full((16, 40), 1 / 40, dtype=torch.float64),
                                       torch.nn.functional.one_hot(torch.zeros(16, dtype=torch.long), 40).double(),

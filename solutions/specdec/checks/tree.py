@@ -18,6 +18,7 @@ from specdec.checks.core import (
     same,
     single_threaded,
     uniforms_at_zero,
+    uniforms_just_below_one,
 )
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
@@ -60,8 +61,12 @@ def _fields(got) -> tuple | None:
         return None
 
 
+# Ranks of two digits whose string forms collide ("1" + "10" == "11" + "0"): a tree is keyed by its paths, not text.
+MULTI_DIGIT = ("ranks of two digits ((1, 10) and (11, 0) read alike as text)", [(1,), (11,), (1, 10), (11, 0), (11, 0, 0)])
+
+
 def check_flatten_tree(fn: Callable) -> None:
-    for desc, choices in TREES + _random_trees(20):
+    for desc, choices in TREES + _random_trees(20) + [MULTI_DIGIT]:
         label = f"flatten_tree({desc}: {list(choices)})"
         got = call(fn, label, list(choices))
         expected = ref.flatten_tree(choices)
@@ -96,9 +101,9 @@ def check_tree_mask(fn: Callable) -> None:
 
 
 def check_tree_position_ids(fn: Callable) -> None:
-    for desc, choices in TREES + _random_trees(20):
+    for k, (desc, choices) in enumerate(TREES + _random_trees(20)):
         depths = ref.flatten_tree(choices).depths
-        for cache_len in (0, 17):
+        for cache_len in (0, 17) + ((300, 70_000) if k < 3 else ()):  # past 255 and 65,535: no narrow int type
             label = f"tree_position_ids(cache_len={cache_len}, depths={list(depths)}) for {desc}"
             got = call(fn, label, cache_len, list(depths))
             expected = ref.tree_position_ids(cache_len, depths)
@@ -255,6 +260,7 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
                             hint="Try the children in order; accept child x with probability r(x) / sum(r); after a "
                                  "rejection set r(x) = 0 (renormalising implicitly); if none is accepted, sample from r.")
     _check_tree_at_zero_uniforms(fn)
+    _check_tree_at_fixed_uniforms(fn)
     tree = ref.flatten_tree(ref.DEFAULT_CHOICES)
     p = torch.full((len(tree), 30), 1 / 30, dtype=torch.float64)
     tokens = torch.arange(len(tree)) % 30
@@ -279,6 +285,35 @@ def _check_tree_at_zero_uniforms(fn: Callable) -> None:
                            "token with r(x) = 0 is never accepted.")
 
 
+def _check_tree_at_fixed_uniforms(fn: Callable) -> None:
+    """Deterministic walks: with every uniform 0 the first child in order with r(x) > 0 is accepted (so the order is
+    the statement's, not reversed); with every uniform 1 - 2**-53 a child of r(x) = 1 - 1e-9 is rejected in float64
+    (a float32 uniform, 1 - 2**-24, accepts it)."""
+    star = ref.flatten_tree(TREES[2][1])  # root and 4 children
+    p = torch.zeros(len(star), 5, dtype=torch.float64)
+    p[0], p[1:, 0] = 0.2, 1.0  # the root's children tokens are all equally likely; after a child, token 0 is certain
+    tokens = torch.tensor([0, 3, 1, 4, 2])
+    pair = ref.flatten_tree([(0,), (1,)])  # root and 2 children
+    q = torch.zeros(len(pair), 3, dtype=torch.float64)
+    q[0, 1], q[0, 0], q[1:, 2] = 1 - 1e-9, 1e-9, 1.0
+    cases = [
+        (uniforms_at_zero, f"a star whose children carry tokens {tokens[1:].tolist()}, each of p = 0.2 at the root, "
+         "every uniform drawn exactly 0", tokens, star, p, ([0, 1], [3, 0]),
+         "with u = 0 the first child in order whose token has r(x) > 0 is accepted: try the children in the order "
+         "tree.children(node) gives them"),
+        (uniforms_just_below_one, "two children with tokens [1, 0], p[root] = [1e-9, 1 - 1e-9, 0], every uniform "
+         "1 - 2**-53 (the largest float64 below 1)", torch.tensor([0, 1, 0]), pair, q, ([0, 2], [0, 2]),
+         "draw u in float64 as the statement says (torch.rand((), generator=generator, dtype=torch.float64)): "
+         "u = 1 - 2**-53 rejects token 1 of r = 1 - 1e-9, while a float32 uniform (1 - 2**-24) accepts it"),
+    ]
+    for fixed, desc, toks, tree, probs, (path, committed), why in cases:
+        label = f"verify_tree_sampling({desc})"
+        with fixed():
+            got = call(fn, label, toks.clone(), tree, probs, torch.Generator().manual_seed(0))
+        if not (isinstance(got, (tuple, list)) and len(got) == 2) or (_ints(got[0]), _ints(got[1])) != (path, committed):
+            raise CheckFailure(f"{label}: expected ({path}, {committed}), got {got!r}: {why}.")
+
+
 def check_compact_cache(fn: Callable) -> None:
     config = LlamaConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=16, max_seq_len=40)
     wide = LlamaConfig(vocab_size=16, d_model=12, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=16, max_seq_len=40)
@@ -297,7 +332,12 @@ def check_compact_cache(fn: Callable) -> None:
         want.v.copy_(cache.v)
         want.advance(start + written)
         ref.compact_cache(want, start, path)
+        shapes = (cache.k.shape, cache.v.shape)
         call(fn, label, cache, start, list(path))
+        if (cache.k.shape, cache.v.shape) != shapes:
+            raise CheckFailure(f"{label}: cache.k and cache.v must keep their shape {tuple(shapes[0])} (every slot up to "
+                               f"max_len), got {tuple(cache.k.shape)} and {tuple(cache.v.shape)}: copy the entries into "
+                               "the slots in place and lower cache.length; later forwards write past it.")
         if cache.length != want.length:
             raise CheckFailure(f"{label}: the cache should end with length start + len(path) = {want.length}, got "
                                f"{cache.length}: crop after moving the entries.")
