@@ -9,7 +9,15 @@ from typing import Any
 
 import torch
 
-from specdec.checks.core import CheckFailure, call_recorded, diagnose, fmt, not_implemented, upstream_note
+from specdec.checks.core import (
+    CheckFailure,
+    call_recorded,
+    describe_types,
+    diagnose,
+    fmt,
+    not_implemented,
+    upstream_note,
+)
 from specdec.drafters.dynamic_tree import expand_dynamic_tree
 from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
 from specdec.drafters.medusa import medusa_candidates, medusa_head_logits
@@ -20,17 +28,22 @@ from specdec.models.model import Llama, LlamaConfig
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"tensor of shape {tuple(value.shape)}" if value.numel() > 12 else f"tensor({value.tolist()})"
+        return (f"{value.dtype} tensor of shape {tuple(value.shape)}" if value.numel() > 12
+                else f"tensor({value.tolist()}, dtype={value.dtype})")
     return fmt(value) if not callable(value) else getattr(value, "__name__", "a function")
 
 
-def _agree(got: Any, expected: Any) -> bool:
+def _agree(got: Any, expected: Any, strict: bool = True) -> bool:
+    """Equal values; with ``strict`` also the promised types: the same tensor dtype, list or tuple, Python ints."""
     if isinstance(expected, torch.Tensor):
-        return isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(
-            torch.allclose(got.double(), expected.double(), rtol=1e-6, atol=1e-8))
-    if isinstance(expected, tuple) and isinstance(got, tuple) and len(got) == len(expected):
-        return all(_agree(g, e) for g, e in zip(got, expected))
-    return got == expected
+        return (isinstance(got, torch.Tensor) and got.shape == expected.shape and (got.dtype == expected.dtype or not strict)
+                and bool(torch.allclose(got.double(), expected.double(), rtol=1e-6, atol=1e-8)))
+    if isinstance(expected, (tuple, list)):
+        return (isinstance(got, (tuple, list)) and (type(got) is type(expected) or not strict)
+                and len(got) == len(expected) and all(_agree(g, e, strict) for g, e in zip(got, expected)))
+    if strict and isinstance(expected, int) and not isinstance(expected, bool):
+        return isinstance(got, int) and not isinstance(got, bool) and got == expected
+    return bool(got == expected)
 
 
 def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple]], requires=(),
@@ -44,6 +57,10 @@ def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple
         expected = reference(*copy.deepcopy(args))
         got = call_recorded(fn, label, copy.deepcopy(args), mistakes, history, requires, rel=1e-6)
         history.append((args, got))
+        if _agree(got, expected, strict=False) and not _agree(got, expected):
+            raise CheckFailure(f"{label}: the right values, but {_describe(got)} ({describe_types(got)}) where the "
+                               f"statement promises {_describe(expected)} ({describe_types(expected)}): the same "
+                               "container, Python ints for ids, the inputs' float dtype for tensors.")
         if not _agree(got, expected):
             note = upstream_note(fn, requires)
             hint = "" if note else diagnose(mistakes, history, rel=1e-6)
@@ -98,6 +115,9 @@ def check_medusa_candidates(fn: Callable) -> None:
         root = rng.randrange(100, 256)
         cases.append((f"root={root}, head_logits {K} x {V} of {dtype} on 4 levels (tied logits), choices {choices}",
                       (root, logits, choices)))
+    repeated = torch.randn(2, 9, generator=g, dtype=torch.float64)
+    cases.append(("root=4, head_logits 2 x 9 (random), choices [(1,), (0,), (1, 2), (0,), (1,)] with repeats (a node "
+                  "per distinct path, as flatten_tree gives)", (4, repeated, [(1,), (0,), (1, 2), (0,), (1,)])))
     _compare(fn, medusa_candidates, cases)
 
 

@@ -141,7 +141,8 @@ def check_match_prefix(fn: Callable) -> None:
                       (cache, query, bs)))
 
     def outcome(args, returned):
-        return (("the return value", returned), ("the cache afterwards", _cache_state(args[0])))
+        return (("the return value", returned), ("the cache afterwards", _cache_state(args[0])),
+                ("the tokens afterwards", list(args[1])))
 
     _compare(fn, match_prefix, cases, outcome,
              "match_prefix returns a list of block ids, in the order of the prompt, and changes neither the cache "
@@ -746,6 +747,8 @@ def check_lookup_k(fn: Callable) -> None:
         cases.append((f"schedule={schedule}, batch_size={batch}", (schedule, batch)))
     unsorted = {32: 2, 128: 0, 1: 6, 8: 4}
     cases += [(f"schedule={unsorted}, batch_size={b}", (unsorted, b)) for b in (200, 7, 40)]
+    above = {16: 1, 4: 3, 64: 0}  # not in order, and the batch is below every size: the smallest size's K
+    cases += [(f"schedule={above}, batch_size={b}", (above, b)) for b in (2, 3)]
 
     def outcome(args, returned):
         return (("the return value", returned), ("the schedule afterwards", dict(args[0])))

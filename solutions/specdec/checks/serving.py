@@ -149,6 +149,9 @@ def check_slot_mapping(fn: Callable) -> None:
                 where = f" The first wrong one is token {i} (row {row}): slot {int(expected[i])}, yours {int(got[i])}."
             raise CheckFailure(f"{label}: expected {expected.tolist()}, got {got.tolist()}.{where}"
                                f"{diagnose(mistakes, history, rel=0.0)}")
+        if got.dtype != torch.int64:
+            raise CheckFailure(f"{label}: the right slots, but as {got.dtype}; the statement asks for int64 (the "
+                               "dtype the attention kernels index the cache with).")
 
 
 # ---- commit_round ---------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def _random_row(rng: random.Random, seq_id: int) -> tuple[Seq, list[int], int]:
     committed = [rng.randrange(vocab) for _ in range(rng.randrange(1, gamma + 2))]
     P = len(prompt) + len(output)
     seq = Seq(seq_id, prompt, stop, output=output, num_computed=P - 1, draft_computed=rng.randrange(max(P - 3, 0), P),
-              status=SeqStatus.RUNNING)
+              status=SeqStatus.WAITING if seq_id == 3 else SeqStatus.RUNNING)  # a status commit_round must leave alone
     return seq, committed, gamma
 
 
@@ -187,7 +190,8 @@ def check_commit_round(fn: Callable) -> None:
         description = "; ".join(
             f"row {s.seq_id}: P={s.num_tokens}, output={s.output}, max_tokens={s.stop.max_tokens}, "
             f"stop_token_ids={list(s.stop.stop_token_ids)}, stop_sequences={[list(q) for q in s.stop.stop_sequences]}, "
-            f"draft_computed={s.draft_computed}, gamma={g}, committed={c}" for s, c, g in zip(seqs, committed, gammas))
+            f"draft_computed={s.draft_computed}, status={s.status.name}, gamma={g}, committed={c}"
+            for s, c, g in zip(seqs, committed, gammas))
         cases.append((description, (seqs, committed, gammas)))
     _compare_in_place(fn, commit_round, cases, _commit_outcome)
 
@@ -247,6 +251,13 @@ def _schedule_cases() -> list[tuple[str, tuple]]:
         description = (f"running={_describe(running)}, waiting={_describe(waiting)}, token_budget={budget}, "
                        f"num_free_blocks={free}, block_size={block_size}")
         cases.append((description, (running, waiting, budget, free, block_size)))
+    for lookahead, budget in ((2, 16), (3, 11)):  # a waiting request's lookahead does not count: it computes its tokens
+        waiting = [Seq(40 + lookahead, [1] * 10, StopCriteria(99)), Seq(50 + lookahead, [1] * 6, StopCriteria(99))]
+        for seq in waiting:
+            seq.lookahead = lookahead
+        cases.append((f"running=[], waiting={_describe(waiting)}, token_budget={budget}, num_free_blocks=100, "
+                      "block_size=4 (waiting requests want num_tokens - num_computed, whatever their lookahead)",
+                      ([], waiting, budget, 100, 4)))
     return cases
 
 
