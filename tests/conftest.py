@@ -226,3 +226,14 @@ def _round_trip(root: Path) -> RoundTrip:
 @pytest.fixture(scope="session")
 def roundtrip() -> RoundTrip:
     return background_result("roundtrip")
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A benchmark's main() sets torch's thread count to every core for its own run; put it back after each test.
+    Left at 2 beside the background nbgrader job, small-tensor tests spin-wait and ran 10-20x slower (measured:
+    test_eagle3's sampling test 13.6 s of CPU alone, 166 s after test_bench)."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
