@@ -20,7 +20,7 @@ def models(tmp_path):
 def test_bench_writes_results(models, tmp_path, capsys):
     out = tmp_path / "out"
     args = ["--models", str(models), "--gammas", "1", "3", "--num-prompts", "1", "--tokens", "8", "--repeats", "1",
-            "--out", str(out)]
+            "--threads", "1", "--out", str(out)]  # one thread: the background nbgrader job has the other core
     assert main(args) == 0
     summary = json.loads((out / "bench.json").read_text())
     rows = summary["rows"]
@@ -113,7 +113,7 @@ def test_notebook_reference_measures_the_control_draft_and_temperatures(models, 
     monkeypatch.setitem(bench.WORKLOADS, "full", {"prompts": 1, "tokens": 6, "gammas": [2], "repeats": 1})
     monkeypatch.setattr(bench, "CONTROL_GAMMAS", (2,))
     out = tmp_path / "ref.json"
-    assert main(["--models", str(models), "--notebook-reference", str(out)]) == 0
+    assert main(["--models", str(models), "--threads", "1", "--notebook-reference", str(out)]) == 0
     ref = json.loads(out.read_text())
     control = [r for r in ref["rows"] if r["proposer"] == "draft_undistilled"]
     assert {(r["task"], r["gamma"]) for r in control} == {("code", 2), ("math", 2)}
