@@ -124,7 +124,8 @@ def test_a_vocabulary_mismatch_names_both_sizes_and_universal_assisted_generatio
 
 def test_bench_on_local_folders(folders, capsys, tmp_path):
     out = tmp_path / "r.json"
-    assert bench_main(["--threads", "1", "--target", str(folders["target"]), "--draft", str(folders["draft"]), "--prompts", "math",
+    assert bench_main(["--threads", "1",
+                       "--target", str(folders["target"]), "--draft", str(folders["draft"]), "--prompts", "math",
                        "--num-prompts", "1", "--tokens", "24", "--repeats", "2", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     methods = ("target only", "speculative (gamma 4)", "prompt lookup (gamma 4)", "hf greedy", "hf assisted (gamma 4)",
@@ -137,7 +138,8 @@ def test_bench_on_local_folders(folders, capsys, tmp_path):
     assert all(r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] for r in rows.values())
     assert "warnings" in json.loads(out.read_text())["machine"] and "interleaved repeats" in table
     # Without a draft: target-only and prompt lookup.
-    assert bench_main(["--threads", "1", "--target", str(folders["target"]), "--prompts", "code", "--num-prompts", "1", "--tokens",
+    assert bench_main(["--threads", "1",
+                       "--target", str(folders["target"]), "--prompts", "code", "--num-prompts", "1", "--tokens",
                        "16", "--no-hf", "--json", str(out)]) == 0
     assert [r["method"] for r in json.loads(out.read_text())["rows"]] == ["target only", "prompt lookup (gamma 4)"]
 
@@ -232,6 +234,7 @@ def test_transformers_rows_ignore_the_checkpoints_generation_defaults(folders, t
         path.write_text(json.dumps({**json.loads(path.read_text()), "eos_token_id": 10, "repetition_penalty": 1.3,
                                     "do_sample": True, "temperature": 0.7, "no_repeat_ngram_size": 3}))
     out = tmp_path / "r.json"
-    assert bench_main(["--threads", "1", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts", "code",
+    assert bench_main(["--threads", "1",
+                       "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts", "code",
                        "--num-prompts", "2", "--tokens", "48", "--json", str(out)]) == 0
     assert all(r["identical"] == "2/2" for r in json.loads(out.read_text())["rows"])

@@ -81,6 +81,9 @@ def check_measured_costs(fn: Callable) -> None:
     cases.append(("30 random rounds", rounds, 0.0025))
     cases.append(("three prompt-lookup rounds, one that proposed nothing (its verify forward still ran)",
                   [_round(3, 1, 0.0, 0.0025), _round(0, 0, 0.0, 0.0021), _round(2, 2, 0.0, 0.0024)], 0.002))
+    cases.append(("three draft-model rounds; the second spent 0.0004 s drafting and proposed nothing (its seconds "
+                  "count: c is all the draft's seconds over all the drafts proposed)",
+                  [_round(3, 1, 0.0009, 0.0025), _round(0, 0, 0.0004, 0.0021), _round(2, 2, 0.0006, 0.0024)], 0.002))
     mistakes = for_exercise("measured_costs")
     history = []
     for desc, rounds, step in cases:

@@ -186,6 +186,10 @@ def check_greedy_verify_batched(fn: Callable) -> None:
     for what, logits in (("logits[::2] of a batch of 6", strided), ("logits.transpose(1, 2)", transposed)):
         _compare_batched(fn, f"greedy_verify_batched(B=3, gamma=3, V=10, non-contiguous {what})",
                          _agreeing_drafts(rng, g, logits), logits)
+    logits = torch.randn(3, 4, 10, generator=g)
+    drafts = _agreeing_drafts(rng, g, logits)
+    _compare_batched(fn, "greedy_verify_batched(B=3, gamma=3, V=10, a non-contiguous draft: draft.T.contiguous().T)",
+                     drafts.T.contiguous().T, logits)
     label = "greedy_verify_batched"
     expect_no_loop_over(fn, label, _batch(8, 4), _batch(64, 4), "rows")
     expect_no_loop_over(fn, label, _batch(8, 2), _batch(8, 6), "positions")

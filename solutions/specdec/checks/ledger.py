@@ -119,7 +119,7 @@ def check_speedup(fn: Callable) -> None:
               for a, g in pairs[:6] for c in (1.5, 4.0)]
     compare_cases(fn, ledger.speedup, cases, rel=1e-7,
                   requires=[("expected_tokens_per_round", check_expected_tokens_per_round)])
-    for a, gamma in ((1.5, 4), (-0.1, 4), (0.8, -1)):
+    for a, gamma in ((1.5, 4), (-0.1, 4), (0.8, -1), (1.5, 0)):
         expect_value_error(fn, f"speedup(a={a}, gamma={gamma}, c=0.05)", a, gamma, 0.05,
                            why="a is a probability (0 <= a <= 1) and gamma >= 0; expected_tokens_per_round checks both")
 

@@ -167,12 +167,15 @@ def check_residual(fn: Callable) -> None:
     p = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
     q = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
     q[2] = p[2]  # nothing left over: the residual is all zero
-    p = torch.cat([p, torch.tensor([[0.5 + 1e-10, 0.5 - 1e-10, 0, 0, 0], [0.5, 0.5, 0, 0, 0]], dtype=torch.float64)])
-    q = torch.cat([q, torch.tensor([[0.5, 0.5, 0, 0, 0], [0.5, 0.5 + 1e-7, 0, 0, 0]], dtype=torch.float64)])
-    # row 4: a residual of mass 1e-10, to normalise (not to replace); row 5: q >= p by rounding, p != q: p itself
-    label = ("residual(p, q) where row 2 has p == q, row 4 a residual of mass 1e-10 and row 5 q >= p everywhere "
-             "(p != q by rounding)")
-    got = _tensor(label, call(fn, label, p, q), (6, 5))
+    p = torch.cat([p, torch.tensor([[0.5 + 1e-10, 0.5 - 1e-10, 0, 0, 0], [0.5, 0.5, 0, 0, 0],
+                                    [0.25 + 1e-14, 0.25 - 1e-14, 0.5, 0, 0]], dtype=torch.float64)])
+    q = torch.cat([q, torch.tensor([[0.5, 0.5, 0, 0, 0], [0.5, 0.5 + 1e-7, 0, 0, 0], [0.25, 0.25, 0.5, 0, 0]],
+                                   dtype=torch.float64)])
+    # row 4: a residual of mass 1e-10, to normalise (not to replace); row 5: q >= p by rounding, p != q: p itself;
+    # row 6: a residual of mass 1e-14, still a distribution
+    label = ("residual(p, q) where row 2 has p == q, row 4 a residual of mass 1e-10, row 5 q >= p everywhere "
+             "(p != q by rounding) and row 6 a residual of mass 1e-14")
+    got = _tensor(label, call(fn, label, p, q), (7, 5))
     want = ref.residual(p, q)
     tight = {"rtol": 1e-9, "atol": 1e-12} if got.dtype == torch.float64 else {}  # float64 in, float64 exactness
     if not torch.allclose(got.double(), want, **tight):

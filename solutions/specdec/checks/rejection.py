@@ -49,6 +49,10 @@ def check_acceptance_probability(fn: Callable) -> None:
     """Every token with q(y) > 0 of every pair."""
     cases = [(f"{desc}: p={_fmt(p)}, q={_fmt(q)}, y={y}", (p, q, y))
              for desc, p, q in _pairs() for y in range(len(q)) if q[y] > 0]
+    tiny_p = torch.tensor([5e-13, 1 - 5e-13], dtype=torch.float64)
+    tiny_q = torch.tensor([1e-12, 1 - 1e-12], dtype=torch.float64)
+    cases.append(("p=[5e-13, 1 - 5e-13], q=[1e-12, 1 - 1e-12], y=0 (a tiny q(y) is still a q(y) > 0: the ratio is "
+                  "0.5, no epsilon)", (tiny_p, tiny_q, 0)))
     compare_cases(fn, rejection.acceptance_probability, cases)
 
 
