@@ -61,7 +61,7 @@ from specdec.course.driver import (
     source_notebook,
 )
 from specdec.course.grading import read_submission
-from specdec.course.reference_calls import reference_calls
+from specdec.course.reference_calls import parse_cell, reference_calls
 from specdec.paths import REPO_ROOT
 
 
@@ -177,9 +177,8 @@ def tampering(nb) -> list[str]:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.cell_type != "code" or meta.get("locked"):
             continue
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
+        tree = parse_cell(cell.source)
+        if tree is None:
             continue
         for node in ast.walk(tree):
             why = None

@@ -10,22 +10,37 @@ Read with ``ast`` from the notebook, never run: every import of ``specdec`` in a
 from __future__ import annotations
 
 import ast
+import threading
 
 import nbformat
 
+_PARSE_LOCK = threading.Lock()
 
-def _parse(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(source)
-    except SyntaxError:  # IPython magics, or a learner's unfinished code
-        return None
+
+def parse_cell(source: str) -> ast.Module | None:
+    """``ast.parse`` of a cell, or None for one that is not Python (IPython magics, unfinished code). Safe in cohort
+    grading's worker threads: CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state, and
+    two threads parsing at once can fail with a spurious "SystemError: AST constructor recursion depth mismatch"
+    (python/cpython#106905; seen once in this project's test suite, beside pytest parsing in the main thread). Parse
+    under a lock, and retry that error."""
+    for attempt in range(3):
+        try:
+            with _PARSE_LOCK:
+                return ast.parse(source)
+        except SyntaxError:
+            return None
+        except SystemError:
+            if attempt == 2:
+                raise
+    return None
+
 
 
 def _specdec_names(notebook: nbformat.NotebookNode) -> tuple[dict[str, str], set[str]]:
     """(alias -> the specdec object's name, aliases bound to specdec modules) over every code cell."""
     objects, modules = {}, set()
     for cell in notebook.cells:
-        tree = _parse(cell.source) if cell.cell_type == "code" else None
+        tree = parse_cell(cell.source) if cell.cell_type == "code" else None
         for node in ast.walk(tree) if tree else ():
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -56,7 +71,7 @@ def _calls_reference(function: ast.FunctionDef, objects: dict[str, str], modules
 
 
 def _defined(source: str) -> set[str]:
-    tree = _parse(source)
+    tree = parse_cell(source)
     return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} if tree else set()
 
 
@@ -69,7 +84,7 @@ def reference_calls(submission: nbformat.NotebookNode, source: nbformat.Notebook
     for cell in submission.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         names = to_write.get(grade_id, set())
-        tree = _parse(cell.source) if names else None
+        tree = parse_cell(cell.source) if names else None
         if tree is None:
             continue
         for node in tree.body:
