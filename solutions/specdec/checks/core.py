@@ -429,7 +429,7 @@ def _fixed_uniforms(top: bool):
         return torch.full_like(input, level(dtype), dtype=dtype)
 
     def fill(self, low=0.0, high=1.0, *, generator=None):
-        return self.fill_(low + (high - low) * level(self.dtype) if top else low)
+        return self.fill_(low + (high - low) * level(self.dtype))
 
     torch.rand, torch.rand_like, torch.Tensor.uniform_ = fixed, fixed_like, fill
     try:

@@ -259,7 +259,6 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
         compare_frequencies(runs, walk_distribution(tokens, tree, p), f"{label}, {n} seeded runs",
                             hint="Try the children in order; accept child x with probability r(x) / sum(r); after a "
                                  "rejection set r(x) = 0 (renormalising implicitly); if none is accepted, sample from r.")
-    _check_tree_at_zero_uniforms(fn)
     _check_tree_at_fixed_uniforms(fn)
     tree = ref.flatten_tree(ref.DEFAULT_CHOICES)
     p = torch.full((len(tree), 30), 1 / 30, dtype=torch.float64)
@@ -268,35 +267,25 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
                         lambda seed: (tokens.clone(), tree, p, torch.Generator().manual_seed(seed)), seeds=range(5))
 
 
-def _check_tree_at_zero_uniforms(fn: Callable) -> None:
-    """Every uniform exactly 0: a child whose token has residual 0 must still be rejected (u * sum(r) < r(x) is
-    false), so the walk commits the one token with mass, 0. A test with <= walks into the impossible child."""
-    star = ref.flatten_tree(TREES[2][1])
-    p = torch.zeros(len(star), 5, dtype=torch.float64)
-    p[:, 0] = 1.0  # after every node, token 0 is certain
-    tokens = torch.tensor([0, 3, 1, 4, 2])  # the root's children carry tokens 3, 1, 4, 2: all of probability 0
-    label = (f"verify_tree_sampling(a star whose children's tokens {tokens[1:].tolist()} all have p = 0, p[root] = "
-             "one-hot on token 0, every uniform drawn exactly 0)")
-    with uniforms_at_zero():
-        got = call(fn, label, tokens.clone(), star, p, torch.Generator().manual_seed(0))
-    if not (isinstance(got, (tuple, list)) and len(got) == 2) or _ints(got[0]) != [0] or _ints(got[1]) != [0]:
-        raise CheckFailure(f"{label}: expected ([0], [0]) (every child rejected, token 0 sampled from r), got {got!r}. "
-                           "A uniform can be exactly 0: accept child x only when u * sum(r) < r(x), strictly, so a "
-                           "token with r(x) = 0 is never accepted.")
-
-
 def _check_tree_at_fixed_uniforms(fn: Callable) -> None:
-    """Deterministic walks: with every uniform 0 the first child in order with r(x) > 0 is accepted (so the order is
-    the statement's, not reversed); with every uniform 1 - 2**-53 a child of r(x) = 1 - 1e-9 is rejected in float64
+    """Deterministic walks: with every uniform 0 a child whose token has residual 0 is still rejected (u * sum(r) <
+    r(x) is false; a test with <= walks into it), and the first child in order with r(x) > 0 is accepted (so the order
+    is the statement's, not reversed); with every uniform 1 - 2**-53 a child of r(x) = 1 - 1e-9 is rejected in float64
     (a float32 uniform, 1 - 2**-24, accepts it)."""
     star = ref.flatten_tree(TREES[2][1])  # root and 4 children
+    tokens = torch.tensor([0, 3, 1, 4, 2])
+    impossible = torch.zeros(len(star), 5, dtype=torch.float64)
+    impossible[:, 0] = 1.0  # after every node token 0 is certain: the children's tokens 3, 1, 4, 2 have p = 0
     p = torch.zeros(len(star), 5, dtype=torch.float64)
     p[0], p[1:, 0] = 0.2, 1.0  # the root's children tokens are all equally likely; after a child, token 0 is certain
-    tokens = torch.tensor([0, 3, 1, 4, 2])
     pair = ref.flatten_tree([(0,), (1,)])  # root and 2 children
     q = torch.zeros(len(pair), 3, dtype=torch.float64)
     q[0, 1], q[0, 0], q[1:, 2] = 1 - 1e-9, 1e-9, 1.0
     cases = [
+        (uniforms_at_zero, f"a star whose children's tokens {tokens[1:].tolist()} all have p = 0, p[root] = one-hot on "
+         "token 0, every uniform drawn exactly 0", tokens, star, impossible, ([0], [0]),
+         "every child rejected, token 0 sampled from r. A uniform can be exactly 0: accept child x only when "
+         "u * sum(r) < r(x), strictly, so a token with r(x) = 0 is never accepted"),
         (uniforms_at_zero, f"a star whose children carry tokens {tokens[1:].tolist()}, each of p = 0.2 at the root, "
          "every uniform drawn exactly 0", tokens, star, p, ([0, 1], [3, 0]),
          "with u = 0 the first child in order whose token has r(x) > 0 is accepted: try the children in the order "
