@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from specdec.instruments import fixed_uniforms
 from specdec.mistakes import Mistake, for_exercise
 
 
@@ -399,7 +400,7 @@ def uniforms_at_zero():
     """While inside, every uniform drawn with torch.rand, torch.rand_like or Tensor.uniform_ is exactly 0 (a draw that
     U[0, 1) allows): the one input that tells an acceptance test ``u < p / q`` from ``u <= p / q``, which accepts a
     token of probability 0. Sampling with torch.multinomial is left as it is."""
-    with _fixed_uniforms(top=False):
+    with fixed_uniforms(top=False):
         yield
 
 
@@ -408,34 +409,10 @@ def uniforms_just_below_one():
     """While inside, every uniform is the largest value below 1 of the dtype it is drawn in (1 - 2**-53 in float64,
     1 - 2**-24 in float32). A float64 test ``u < p / q`` then rejects a ratio of 1 - 2e-10; a float32 uniform, or a
     ratio rounded to float32 (it becomes 1.0), accepts it: the input that shows float32 where float64 is prescribed."""
-    with _fixed_uniforms(top=True):
+    with fixed_uniforms(top=True):
         yield
 
 
-@contextlib.contextmanager
-def _fixed_uniforms(top: bool):
-    rand, rand_like, uniform_ = torch.rand, torch.rand_like, torch.Tensor.uniform_
-
-    def level(dtype: torch.dtype) -> float:
-        return 1.0 - torch.finfo(dtype).eps / 2 if top else 0.0
-
-    def fixed(*size, generator=None, dtype=None, device=None, out=None, **_):
-        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
-        dtype = dtype or torch.get_default_dtype()
-        return torch.full(shape, level(dtype), dtype=dtype, device=device)
-
-    def fixed_like(input, *, dtype=None, **_):
-        dtype = dtype or input.dtype
-        return torch.full_like(input, level(dtype), dtype=dtype)
-
-    def fill(self, low=0.0, high=1.0, *, generator=None):
-        return self.fill_(low + (high - low) * level(self.dtype))
-
-    torch.rand, torch.rand_like, torch.Tensor.uniform_ = fixed, fixed_like, fill
-    try:
-        yield
-    finally:
-        torch.rand, torch.rand_like, torch.Tensor.uniform_ = rand, rand_like, uniform_
 
 
 def is_int_list(values: Any) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from specdec import kernels as ref
+from specdec import instruments, kernels as ref
 from specdec.checks.core import CheckFailure
 from specdec.kernels import device
 from specdec.mistakes import for_exercise
@@ -67,26 +67,8 @@ def expect_guards_intact(label: str, outputs: dict[str, torch.Tensor]) -> None:
 def loads_counted(watched: dict[str, torch.Tensor]) -> Iterator[dict[str, int]]:
     """Counts, per watched tensor, the elements the interpreter loads from it while inside (masked-off lanes do not
     count). Yields the counts; empty when the kernels run compiled on a GPU, where loads cannot be counted."""
-    counts = {name: 0 for name in watched}
-    if device().type != "cpu":
-        yield {}
-        return
-    from triton.runtime.interpreter import InterpreterBuilder
-
-    ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in watched.items()}
-    original = InterpreterBuilder.create_masked_load
-
-    def counting(self, ptrs, mask, other, cache_policy, is_volatile):
-        addresses = np.asarray(ptrs.data)[np.asarray(mask.data, dtype=bool)]
-        for name, (start, end) in ranges.items():
-            counts[name] += int(((addresses >= start) & (addresses < end)).sum())
-        return original(self, ptrs, mask, other, cache_policy, is_volatile)
-
-    InterpreterBuilder.create_masked_load = counting
-    try:
+    with instruments.loads_counted(watched, on_cpu=device().type == "cpu") as counts:
         yield counts
-    finally:
-        InterpreterBuilder.create_masked_load = original
 
 
 def expect_one_pass(kernel: Callable, name: str, label: str, run: Callable[[Callable, dict], object],

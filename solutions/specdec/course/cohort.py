@@ -50,6 +50,7 @@ from pathlib import Path
 
 import nbformat
 
+from specdec.course import sandbox
 from specdec.course.driver import (
     CellGrade,
     assignments,
@@ -62,6 +63,7 @@ from specdec.course.driver import (
 )
 from specdec.course.grading import read_submission
 from specdec.course.reference_calls import parse_cell, reference_calls
+from specdec.course.withheld import WITHHELD
 from specdec.paths import REPO_ROOT
 
 
@@ -71,6 +73,7 @@ class Limits:
     cell_timeout_s: float
     memory_mb: int  # address space of the grading process and its kernel
     isolate: bool  # read-only mounts of everything but the submission's own scratch folder
+    sandbox: bool = False  # the kernel in a bubblewrap sandbox, test cells judged outside it (specdec.course.trusted)
 
 
 @dataclass
@@ -81,6 +84,7 @@ class Submission:
     grades: list[CellGrade] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # what happened, for the report
     flagged: bool = False  # looks like tampering: an instructor should read it
+    needs_review: bool = False  # the sandbox or the grader saw something a score cannot show: held for review
     graded: bool = False
     seconds: float = 0.0
 
@@ -287,9 +291,41 @@ def _private_env(scratch: Path) -> dict[str, str]:
     return env
 
 
+def _sandbox_settings(scratch: Path, course: Path, assignment: str, build: Path, limits: Limits) -> Path:
+    """The settings TrustedExecute reads, and nbgrader told to use it instead of Execute, in this scratch course."""
+    own = scratch / "sandbox"
+    own.mkdir()
+    path = scratch / "sandbox.json"
+    path.write_text(json.dumps({"own": str(own), "build": str(build), "assignment": assignment,
+                                "limits": {"cpu_s": int(limits.timeout_s) + 60, "memory_mb": limits.memory_mb}}))
+    with open(course / "nbgrader_config.py", "a") as f:
+        f.write("\nfrom nbgrader.converters import Autograde\n"
+                "from specdec.course.trusted import TrustedExecute\n"
+                "c.Autograde.autograde_preprocessors = [\n"
+                "    TrustedExecute if p.__name__ == 'Execute' else p\n"
+                "    for p in Autograde.class_traits()['autograde_preprocessors'].default()]\n")
+    return path
+
+
+def _held(sub: Submission, log: str, autograded: Path) -> None:
+    """Evidence the sandbox leaves: a call of a withheld reference, the grader's helper in the kernel replaced."""
+    text = log + (autograded.read_text() if autograded.exists() else "")
+    for marker, why in ((WITHHELD, "called a reference that is withheld while grading"),
+                        ("was the grader's helper in the kernel replaced", "replaced the grader's helper in its kernel")):
+        if marker in text:
+            sub.needs_review = True
+            sub.messages.append(f"held for review: the submission {why}")
+
+
 def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.NotebookNode], out: Path,
-              limits: Limits, protect: list[Path], scratch_root: Path, distinctive: dict[str, set[str]]) -> Submission:
+              limits: Limits, protect: list[Path], scratch_root: Path, distinctive: dict[str, set[str]],
+              builds: dict[str, Path] | None = None) -> Submission:
     start = time.perf_counter()
+    if sub.path.is_symlink() or any(p.is_symlink() for p in sub.path.parents if p != p.parent):
+        sub.messages.append(f"not graded: {sub.path.name} is a link (to {os.path.realpath(sub.path)}); submit the "
+                            "notebook itself")
+        sub.needs_review = True
+        return sub
     try:
         nb = read_submission(sub.path)
     except ValueError as err:
@@ -314,9 +350,11 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
     dest = course / "submitted" / sub.student / sub.assignment / f"{sub.assignment}.ipynb"
     dest.parent.mkdir(parents=True)
     nbformat.write(nb, dest)
+    env = _private_env(scratch)
+    if limits.sandbox:
+        env["SPECDEC_SANDBOX"] = str(_sandbox_settings(scratch, course, sub.assignment, builds[sub.assignment], limits))
     cmd = [sys.executable, "-m", "nbgrader", "autograde", sub.assignment, f"--student={sub.student}", "--force",
            f"--CourseDirectory.root={course}", f"--Execute.timeout={int(limits.cell_timeout_s)}"]
-    env = _private_env(scratch)
     proc = subprocess.Popen(_contained(cmd, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
     try:
@@ -331,6 +369,8 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
         sub.messages.append("the Python kernel died while running the notebook (os._exit, a crash, or running out "
                             f"of the {limits.memory_mb} MB memory limit); nbgrader then scores the whole notebook 0: "
                             "find the cell that exits or crashes")
+    if limits.sandbox:
+        _held(sub, log, autograded)
     if autograded.exists():
         cut = cut_long_outputs(autograded)
         if cut:
@@ -359,6 +399,14 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
 
 
 # -- the whole cohort --------------------------------------------------------------------------------------------
+
+
+def _graded_build(root: Path, released: nbformat.NotebookNode) -> Path:
+    """The package as one assignment's sandbox sees it: no checks, no mistakes, its exercises' references withheld."""
+    exercises = {node.name for cell in released.cells if cell.get("metadata", {}).get("nbgrader", {}).get("solution")
+                 for node in (getattr(parse_cell(cell.source), "body", None) or []) if isinstance(node, ast.FunctionDef)}
+    root.mkdir(parents=True)
+    return sandbox.graded_build(root, exercises)
 
 
 def prepare(slugs: list[str], root: Path) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
@@ -399,18 +447,18 @@ def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> Non
         writer.writerow(["student", "assignment", "exercise", "score", "max_score", "status", "message"])
         for s in subs:
             for g in s.grades:
-                status = "manual" if g.written else "auto"
+                status = "manual" if g.written else "needs_review" if s.needs_review else "auto"
                 writer.writerow([s.student, s.assignment, g.grade_id.removesuffix("_test"), f"{g.score:g}",
                                  f"{g.max_score:g}", status, g.message.splitlines()[0] if g.message else ""])
     with open(out / "totals.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", "graded", "score", "max_score", "written_points_to_grade",
-                         "flagged", "seconds", "messages"])
+                         "flagged", "needs_review", "seconds", "messages"])
         for s in subs:
             auto = [g for g in s.grades if not g.written]
             writer.writerow([s.student, s.assignment, s.graded, f"{sum(g.score for g in auto):g}",
                              f"{sum(g.max_score for g in auto):g}", f"{sum(g.max_score for g in s.grades if g.written):g}",
-                             s.flagged, f"{s.seconds:.1f}", " | ".join(s.messages)])
+                             s.flagged, s.needs_review, f"{s.seconds:.1f}", " | ".join(s.messages)])
     (out / "summary.json").write_text(json.dumps(summarise(subs), indent=1))
     lines = [f"{p}" for p in problems]
     lines += [f"{s.student}/{s.assignment}: {m}" for s in subs for m in s.messages]
@@ -445,13 +493,13 @@ def _problem_student(problem: str) -> str:
 def _submission_record(sub: Submission) -> dict:
     return {"student": sub.student, "assignment": sub.assignment, "path": str(sub.path),
             "grades": [dataclasses.asdict(g) for g in sub.grades], "messages": sub.messages,
-            "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds}
+            "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds, "needs_review": sub.needs_review}
 
 
 def _submission_from(record: dict) -> Submission:
     return Submission(record["student"], record["assignment"], Path(record["path"]),
                       [CellGrade(**g) for g in record["grades"]], record["messages"], record["flagged"],
-                      record["graded"], record["seconds"])
+                      record.get("needs_review", False), record["graded"], record["seconds"])
 
 
 def write_shard(subs: list[Submission], problems: list[str], shard: tuple[int, int], out: Path) -> None:
@@ -524,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-timeout", type=float, default=120, help="seconds for one cell (default 120)")
     parser.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per grading process and its "
                                                                    "kernel, in MB (default 8192)")
+    parser.add_argument("--unsafe-no-sandbox", action="store_true",
+                        help="grade even where the sandbox cannot start (only for submissions you trust: their code "
+                             "then runs with the grader's rights and can change its own score)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the results are in --out)")
     parser.add_argument("--shard", type=parse_shard, metavar="K/N",
                         help="grade only shard K of N (students split by a hash of their name; 0 <= K < N) and "
@@ -555,7 +606,16 @@ def main(argv: list[str] | None = None) -> int:
         scratch_root = Path(tmp)
         template, release = prepare(sorted({s.assignment for s in subs}), scratch_root)
         say(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
-        limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate())
+        why_not = sandbox.available()
+        if why_not and not args.unsafe_no_sandbox:
+            print(f"cohort: cannot grade untrusted submissions: {why_not}. Install it (apt-get install bubblewrap) "
+                  "or, for submissions you trust, pass --unsafe-no-sandbox", file=sys.stderr)
+            return 2
+        limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate(), sandbox=why_not is None)
+        if why_not:
+            problems.append(f"sandbox: off ({why_not}; --unsafe-no-sandbox): submissions ran with the grader's rights")
+        builds = {slug: _graded_build(scratch_root / f"build-{slug}", release[slug]) for slug in release} \
+            if limits.sandbox else {}
         if not limits.isolate:
             problems.append("isolation: off (it needs root and util-linux's unshare on Linux): a submission's code "
                             "could write to the course's files or another submission's scratch folder")
@@ -563,14 +623,14 @@ def main(argv: list[str] | None = None) -> int:
         protect = [REPO_ROOT, args.submitted.resolve(), args.out.resolve(), scratch_root]
         with ThreadPoolExecutor(args.workers) as pool:
             distinctive = course_ids()
-            jobs = [pool.submit(grade_one, s, template, release, args.out, limits, protect, scratch_root, distinctive)
-                    for s in subs]
+            jobs = [pool.submit(grade_one, s, template, release, args.out, limits, protect, scratch_root, distinctive,
+                                builds) for s in subs]
             for done, job in enumerate(jobs, 1):
                 s = job.result()
                 total = sum(g.score for g in s.grades if not g.written)
                 status = f"{total:g} / {sum(g.max_score for g in s.grades if not g.written):g}" if s.graded else "not graded"
-                say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}"
-                      + (" (flagged)" if s.flagged else "") + (f"; {s.messages[0]}" if s.messages else ""), flush=True)
+                marks = (" (flagged)" if s.flagged else "") + (" (held)" if s.needs_review else "")
+                say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}" + (f"; {s.messages[0]}" if s.messages else ""), flush=True)
     write_outputs(subs, problems, args.out)
     if args.shard:
         write_shard(subs, problems, args.shard, args.out)

@@ -1,0 +1,416 @@
+"""Values across the sandbox wall: what the grader sends a learner's function and what comes back.
+
+Cohort grading calls a learner's function in a kernel it does not trust (``specdec.course.trusted``). Arguments go in
+and results come out as JSON built here, never as pickle: decoding runs no code a message names, and builds only
+
+- exact ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str`` and ``bytes`` (an ``int`` subclass whose ``!=`` lies
+  cannot come back: it arrives as an opaque value that equals nothing);
+- ``list``, ``tuple``, ``dict``, ``set``, ``frozenset`` and ``slice``;
+- tensors (dtype, size, stride and storage offset kept, so a non-contiguous or guarded view stays one), numpy
+  arrays and scalars of numeric dtypes, ``torch.dtype``, ``torch.device``, ``torch.Size`` and generators (their state);
+- instances of classes defined in ``specdec`` or ``torch.nn`` (their attributes set with ``object.__setattr__``;
+  no ``__init__``, ``__new__`` or ``__setstate__`` of theirs runs), enum members, and functions or classes of those
+  packages by name;
+- shared objects by key (``ref``): the models both sides loaded, so an 18 MB target is not copied at every call.
+
+Anything else is encoded as :class:`Opaque`. Each mutable value carries an id, so an object that appears twice (an
+argument the function returns, a tensor a context watches) is one object after decoding.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import importlib
+import json
+import re
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+MAX_BYTES = 512 * 2**20  # one message, encoded
+MAX_DEPTH = 64
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_NUMERIC_NP = set("biufc")  # numpy kinds: bool, int, uint, float, complex (never object or void)
+_PACKAGES = re.compile(r"^(specdec|torch\.nn)(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class ChannelError(ValueError):
+    """A message that cannot be encoded or decoded; the text names the value and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Opaque:
+    """A value the other side could not send as data (an object of a class the learner defined, a lambda, a file)."""
+
+    type_name: str
+    text: str
+
+    def __repr__(self) -> str:
+        return f"<an object of type {self.type_name} that the grader cannot read: {self.text}>"
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = object.__hash__
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise ChannelError("bytes must be base64 text")
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _qualified(obj: Any) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def _storage_bytes(t: torch.Tensor) -> bytes:
+    storage = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes() if storage.nbytes() else b""
+
+
+class Encoder:
+    """Turns a value into JSON-ready data. ``shared`` maps id(object) -> key for objects sent by reference."""
+
+    def __init__(self, shared: Mapping[int, str] | None = None):
+        self.shared = dict(shared or {})
+        self.ids: dict[int, int] = {}
+        self.keep: list[Any] = []  # keeps encoded objects alive, so no id is reused while encoding
+
+    def __call__(self, value: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise ChannelError(f"nested more than {MAX_DEPTH} levels deep")
+        kind = type(value)
+        if value is None or kind in (bool, str):
+            return value
+        if kind is int:
+            return {"i": str(value)}
+        if kind is float:
+            return {"f": repr(value)}
+        if kind is complex:
+            return {"c": [repr(value.real), repr(value.imag)]}
+        if kind is bytes:
+            return {"b": _b64(value)}
+        if id(value) in self.shared:
+            return {"ref": self.shared[id(value)]}
+        if id(value) in self.ids:
+            return {"@": self.ids[id(value)]}
+        if kind in (torch.dtype, torch.device, torch.Size, slice, range) or isinstance(value, (np.generic, enum.Enum)):
+            return self._atom(value, depth)
+        if isinstance(value, (types.FunctionType, type)) and _PACKAGES.match(getattr(value, "__module__", "") or ""):
+            return {"fn": _qualified(value)}
+        number = self.ids[id(value)] = len(self.ids)
+        self.keep.append(value)
+        if kind in (list, tuple, set, frozenset):
+            tag = {list: "l", tuple: "t", set: "s", frozenset: "fs"}[kind]
+            return {tag: [self(v, depth + 1) for v in value], "id": number}
+        if kind is dict:
+            return {"d": [[self(k, depth + 1), self(v, depth + 1)] for k, v in value.items()], "id": number}
+        if isinstance(value, torch.Tensor) and kind in (torch.Tensor, torch.nn.Parameter):
+            return {"T": self._tensor(value), "P": kind is torch.nn.Parameter, "id": number}
+        if kind is np.ndarray and value.dtype.kind in _NUMERIC_NP:
+            return {"N": value.dtype.str, "shape": list(value.shape), "data": _b64(np.ascontiguousarray(value).tobytes()),
+                    "id": number}
+        if kind is torch.Generator:
+            return {"G": str(value.device), "state": self._tensor(value.get_state()), "id": number}
+        if _PACKAGES.match(kind.__module__ or "") and not isinstance(value, BaseException):
+            return self._object(value, number, depth)
+        return {"x": f"{kind.__module__}.{kind.__qualname__}", "repr": _short_repr(value), "id": number}
+
+    def _atom(self, value: Any, depth: int) -> Any:
+        if isinstance(value, torch.dtype):
+            return {"dt": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"dev": str(value)}
+        if isinstance(value, torch.Size):
+            return {"sz": [int(v) for v in value]}
+        if isinstance(value, slice):
+            return {"sl": [self(value.start, depth + 1), self(value.stop, depth + 1), self(value.step, depth + 1)]}
+        if isinstance(value, range):
+            return {"rg": [value.start, value.stop, value.step]}
+        if isinstance(value, enum.Enum):
+            if _PACKAGES.match(type(value).__module__ or ""):
+                return {"E": _qualified(type(value)), "name": value.name}
+            return {"x": type(value).__qualname__, "repr": _short_repr(value)}
+        if value.dtype.kind in _NUMERIC_NP:
+            return {"ns": value.dtype.str, "data": _b64(value.tobytes())}
+        return {"x": type(value).__qualname__, "repr": _short_repr(value)}
+
+    def _tensor(self, t: torch.Tensor) -> dict:
+        name = str(t.dtype).removeprefix("torch.")
+        meta = {"dtype": name, "size": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset(),
+                "device": str(t.device), "grad": bool(t.requires_grad)}
+        if t.device.type == "meta":
+            return meta
+        cpu = t.detach() if t.device.type == "cpu" else t.detach().cpu()
+        return {**meta, "data": _b64(_storage_bytes(cpu)), "nbytes": cpu.untyped_storage().nbytes()}
+
+    def _object(self, value: Any, number: int, depth: int) -> dict:
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):  # a namedtuple
+            return {"o": _qualified(type(value)), "nt": [self(v, depth + 1) for v in value], "id": number}
+        state = dict(vars(value)) if hasattr(value, "__dict__") else {}
+        for name in getattr(type(value), "__slots__", ()):
+            if hasattr(value, name):
+                state[name] = getattr(value, name)
+        return {"o": _qualified(type(value)), "state": [[k, self(v, depth + 1)] for k, v in state.items()],
+                "id": number}
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # a learner's __repr__ may raise
+        text = "(its repr raised)"
+    return text[:200]
+
+
+def _resolve(qualified: Any, want_class: bool) -> Any:
+    """A class or function of specdec or torch.nn by 'module:qualname', importing only such modules."""
+    if not isinstance(qualified, str) or ":" not in qualified:
+        raise ChannelError(f"bad name {qualified!r}")
+    module, name = qualified.split(":", 1)
+    if not _PACKAGES.match(module) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name) or "<" in name:
+        raise ChannelError(f"{qualified!r} is not a class or function of the course's package")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    if want_class and not isinstance(obj, type):
+        raise ChannelError(f"{qualified!r} is not a class")
+    if not isinstance(obj, (type, types.FunctionType)):
+        raise ChannelError(f"{qualified!r} is not a class or function")
+    return obj
+
+
+class Decoder:
+    """Builds values from Encoder's data. ``shared`` maps key -> the local object sent by reference."""
+
+    def __init__(self, shared: Mapping[str, Any] | None = None):
+        self.shared = dict(shared or {})
+        self.objects: dict[int, Any] = {}
+
+    def __call__(self, data: Any, depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise ChannelError(f"nested more than {MAX_DEPTH} levels deep")
+        if data is None or type(data) in (bool, str):
+            return data
+        if type(data) is not dict or not data:
+            raise ChannelError(f"unexpected {type(data).__name__} in a message")
+        tag = next(iter(data))
+        if tag == "i":
+            return int(data["i"])
+        if tag == "f":
+            return float(data["f"])
+        if tag == "c":
+            return complex(float(data["c"][0]), float(data["c"][1]))
+        if tag == "b":
+            return _unb64(data["b"])
+        if tag == "ref":
+            if data["ref"] not in self.shared:
+                raise ChannelError(f"unknown shared object {data['ref']!r}")
+            return self.shared[data["ref"]]
+        if tag == "@":
+            if data["@"] not in self.objects:
+                raise ChannelError("a reference to an object not yet sent")
+            return self.objects[data["@"]]
+        simple = self._atom(tag, data, depth)
+        if simple is not _NONE:
+            return simple
+        number = data.get("id")
+        if tag in ("l", "t", "s", "fs"):
+            if tag == "l":
+                out: Any = []
+                self.objects[number] = out
+                out.extend(self(v, depth + 1) for v in data["l"])
+                return out
+            items = [self(v, depth + 1) for v in data[tag]]
+            out = {"t": tuple, "s": set, "fs": frozenset}[tag](items)
+        elif tag == "d":
+            out = {}
+            self.objects[number] = out
+            for k, v in data["d"]:
+                out[self(k, depth + 1)] = self(v, depth + 1)
+            return out
+        elif tag == "T":
+            out = self._tensor(data["T"])
+            if data.get("P"):
+                out = torch.nn.Parameter(out, requires_grad=data["T"]["grad"])
+        elif tag == "N":
+            dtype = np.dtype(data["N"])
+            if dtype.kind not in _NUMERIC_NP:
+                raise ChannelError(f"numpy dtype {dtype} is not numeric")
+            out = np.frombuffer(_unb64(data["data"]), dtype=dtype).copy().reshape([int(s) for s in data["shape"]])
+        elif tag == "G":
+            out = torch.Generator(device=data["G"])
+            out.set_state(self._tensor(data["state"]))
+        elif tag == "o":
+            out = self._object(data, number, depth)
+        elif tag == "x":
+            out = Opaque(str(data["x"])[:200], str(data.get("repr", ""))[:200])
+        else:
+            raise ChannelError(f"unknown tag {tag!r}")
+        self.objects[number] = out
+        return out
+
+    def _atom(self, tag: str, data: dict, depth: int) -> Any:
+        if tag == "dt":
+            if data["dt"] not in _DTYPES:
+                raise ChannelError(f"unknown dtype {data['dt']!r}")
+            return _DTYPES[data["dt"]]
+        if tag == "dev":
+            return torch.device(str(data["dev"]))
+        if tag == "sz":
+            return torch.Size([int(v) for v in data["sz"]])
+        if tag == "sl":
+            return slice(*(self(v, depth + 1) for v in data["sl"]))
+        if tag == "rg":
+            return range(*(int(v) for v in data["rg"]))
+        if tag == "E":
+            cls = _resolve(data["E"], want_class=True)
+            if not issubclass(cls, enum.Enum):
+                raise ChannelError(f"{data['E']} is not an enum")
+            return cls[data["name"]]
+        if tag == "ns":
+            dtype = np.dtype(data["ns"])
+            if dtype.kind not in _NUMERIC_NP:
+                raise ChannelError(f"numpy dtype {dtype} is not numeric")
+            return np.frombuffer(_unb64(data["data"]), dtype=dtype)[0]
+        if tag == "fn":
+            return _resolve(data["fn"], want_class=False)
+        return _NONE
+
+    def _tensor(self, meta: dict) -> torch.Tensor:
+        if meta["dtype"] not in _DTYPES:
+            raise ChannelError(f"unknown dtype {meta['dtype']!r}")
+        dtype = _DTYPES[meta["dtype"]]
+        size, stride = [int(v) for v in meta["size"]], [int(v) for v in meta["stride"]]
+        if meta["device"] == "meta":
+            return torch.empty_strided(size, stride, dtype=dtype, device="meta")
+        raw = bytearray(_unb64(meta["data"]))
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        storage = flat.untyped_storage()
+        try:
+            t = torch.empty(0, dtype=dtype).set_(storage, int(meta["offset"]), size, stride)
+        except RuntimeError as err:
+            raise ChannelError(f"a tensor that does not fit its storage: {err}") from None
+        if meta["device"] != "cpu":
+            t = t.to(meta["device"])
+        return t.requires_grad_(bool(meta["grad"])) if dtype.is_floating_point else t
+
+    def _object(self, data: dict, number: int, depth: int) -> Any:
+        cls = _resolve(data["o"], want_class=True)
+        if issubclass(cls, BaseException):
+            raise ChannelError(f"{data['o']} is an exception class")
+        if "nt" in data:
+            if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+                raise ChannelError(f"{data['o']} is not a namedtuple")
+            return cls._make(self(v, depth + 1) for v in data["nt"])
+        out = object.__new__(cls)
+        self.objects[number] = out
+        for name, value in data["state"]:
+            if not isinstance(name, str):
+                raise ChannelError("an attribute name that is not a string")
+            object.__setattr__(out, name, self(value, depth + 1))
+        return out
+
+
+_NONE = object()
+
+
+def dumps(value: Any, shared: Mapping[int, str] | None = None) -> str:
+    return json.dumps(Encoder(shared)(value), allow_nan=False)
+
+
+def loads(text: str | bytes, shared: Mapping[str, Any] | None = None) -> Any:
+    if len(text) > MAX_BYTES:
+        raise ChannelError(f"a message of {len(text):,} bytes, more than the {MAX_BYTES:,} allowed")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ChannelError(f"not a message: {err}") from None
+    try:
+        return Decoder(shared)(data)
+    except ChannelError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError, RecursionError) as err:
+        raise ChannelError(f"a malformed message ({type(err).__name__}: {err})") from None
+
+
+def update_in_place(old: Any, new: Any, seen: dict[int, Any] | None = None) -> Any:
+    """Make ``old`` hold what ``new`` holds, keeping ``old``'s identity where it is mutable (the function changed its
+    argument in the sandbox; the caller holds the original). Returns the object the caller should now use."""
+    seen = {} if seen is None else seen
+    if id(new) in seen:
+        return seen[id(new)]
+    if old is new:
+        return old
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        same = (old.dtype == new.dtype and old.device == new.device and old.device.type != "meta"
+                and old.shape == new.shape and old.stride() == new.stride()
+                and old.storage_offset() == new.storage_offset()
+                and old.untyped_storage().nbytes() == new.untyped_storage().nbytes())
+        if not same:
+            return new
+        with torch.no_grad():
+            old.untyped_storage().copy_(new.untyped_storage())
+        seen[id(new)] = old
+        return old
+    if type(old) is list and type(new) is list:
+        seen[id(new)] = old
+        merged = [update_in_place(o, n, seen) for o, n in zip(old, new)] + new[len(old):]
+        old[:] = merged
+        return old
+    if type(old) is dict and type(new) is dict:
+        seen[id(new)] = old
+        merged = {k: update_in_place(old[k], v, seen) if k in old else v for k, v in new.items()}
+        old.clear()
+        old.update(merged)
+        return old
+    if type(old) is set and type(new) is set:
+        old.clear()
+        old.update(new)
+        return old
+    if type(old) is torch.Generator and type(new) is torch.Generator:
+        old.set_state(new.get_state())
+        return old
+    if type(old) is type(new) and _PACKAGES.match(type(old).__module__ or "") and hasattr(old, "__dict__") \
+            and not isinstance(old, tuple):
+        seen[id(new)] = old
+        for name, value in vars(new).items():
+            current = vars(old).get(name, _NONE)
+            object.__setattr__(old, name, value if current is _NONE else update_in_place(current, value, seen))
+        for name in set(vars(old)) - set(vars(new)):
+            object.__delattr__(old, name)
+        return old
+    return new
+
+
+def substitute(value: Any, seen: Mapping[int, Any], depth: int = 0) -> Any:
+    """``value`` with every object that ``update_in_place`` mapped to an original replaced by that original."""
+    if id(value) in seen:
+        return seen[id(value)]
+    if depth > MAX_DEPTH:
+        return value
+    if type(value) is list:
+        value[:] = [substitute(v, seen, depth + 1) for v in value]
+    elif type(value) is tuple:
+        return tuple(substitute(v, seen, depth + 1) for v in value)
+    elif type(value) is dict:
+        for k in list(value):
+            value[k] = substitute(value[k], seen, depth + 1)
+    elif isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return type(value)._make(substitute(v, seen, depth + 1) for v in value)
+    elif hasattr(value, "__dict__") and _PACKAGES.match(type(value).__module__ or ""):
+        for name, v in list(vars(value).items()):
+            object.__setattr__(value, name, substitute(v, seen, depth + 1))
+    return value
+

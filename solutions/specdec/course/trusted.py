@@ -1,0 +1,371 @@
+"""Autograde with the verdict outside the learner's reach: ``TrustedExecute`` replaces nbgrader's ``Execute``.
+
+nbgrader runs every cell in the learner's kernel and scores a test cell by whether it raised there, so anything in the
+kernel (a patched check, an IPython hook, a forged exception) decides the score. Here the kernel runs in a sandbox
+(``specdec.course.sandbox``) and only the learner's cells run in it. Each graded test cell runs in this process, the
+grader's, in a namespace built from the course's own locked cells (run here, from the instructor notebook), where
+every name the learner defined is a :class:`Remote` proxy: calling it sends the arguments into the kernel, runs the
+learner's function there, and brings back the result, the arguments as the function left them and the generator
+states, as data (``specdec.course.channel``). The checks, the references and the gradebook never enter the sandbox,
+and what the test cell prints or raises, which nbgrader then scores, is produced here.
+
+Configured by the environment variable ``SPECDEC_SANDBOX`` (a JSON file: the submission's folder, the graded build,
+the limits), which cohort grading writes; nbgrader's ``SaveAutoGrades`` and the rest of autograde run as usual.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import json
+import os
+import random
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import torch
+from jupyter_client.blocking import BlockingKernelClient
+from jupyter_client.manager import AsyncKernelManager
+from nbclient.util import run_sync
+from nbformat.notebooknode import NotebookNode
+from nbgrader.preprocessors import Execute
+from traitlets import Unicode
+
+from specdec import instruments
+from specdec.course import channel, sandbox
+from specdec.course.driver import source_notebook
+
+RESPONSE_LIMIT = channel.MAX_BYTES
+
+
+def settings() -> dict:
+    return json.loads(Path(os.environ["SPECDEC_SANDBOX"]).read_text())
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel started inside the submission's sandbox, talking over Unix sockets in the submission's folder."""
+
+    sandbox_dir = Unicode("")
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd = super().format_kernel_cmd(extra_arguments)
+        conf = settings()
+        own = Path(conf["own"])
+        sandbox.give(own)
+        limits = sandbox.Limits(**conf["limits"])
+        env = {"OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "JUPYTER_RUNTIME_DIR": str(own / "runtime"),
+               "IPYTHONDIR": str(own / "ipython")}
+        return sandbox.command(own, Path(conf["build"]), cmd, limits, env)
+
+
+class RemoteError(Exception):
+    """An exception the learner's function raised in the sandbox, of a kind that has no builtin name."""
+
+
+def _exception(raised: dict) -> BaseException:
+    kind = getattr(builtins, str(raised.get("type")), None)
+    message = str(raised.get("message", ""))
+    if isinstance(kind, type) and issubclass(kind, Exception) and kind is not KeyboardInterrupt:
+        try:
+            return kind(message)
+        except Exception:  # an exception class whose constructor wants more
+            pass
+    return RemoteError(f"{raised.get('type')}: {message}")
+
+
+def _raise_in(where: str, err: BaseException) -> None:
+    """Raise err from a frame named ``where`` (the learner's function that raised it), so that the checks' messages
+    name the function as they do when it runs in their own process."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", where or "") or where in ("raise_it",):
+        raise err
+    scope: dict[str, Any] = {}
+    exec(f"def {where}(err):\n    raise err", scope)  # a frame named like the learner's function
+    scope[where](err)
+
+
+class Remote:
+    """A name the learner defined, living in the sandboxed kernel."""
+
+    def __init__(self, client: Grader, name: str, info: dict):
+        self._client, self.__name__, self._info = client, name, info
+        if info["kind"] == "kernel":
+            self.src = info.get("src", "")
+            self.fn = _NamedStub(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._client.call(self.__name__, None, args, kwargs)
+
+    def __getitem__(self, grid: Any) -> Any:
+        if self._info["kind"] != "kernel":
+            raise TypeError(f"{self.__name__} is not subscriptable")
+        return lambda *args, **kwargs: self._client.call(self.__name__, grid, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("fn", "src"):
+            raise AttributeError(name)
+        raise AttributeError(f"{self.__name__} (the learner's, graded from outside its kernel) has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return f"<the learner's {self.__name__}>"
+
+
+class _NamedStub:
+    def __init__(self, name: str):
+        self.__name__ = name
+
+
+class Grader:
+    """Calls into one sandboxed kernel, and judges test cells in this process."""
+
+    def __init__(self, connection: dict, own: Path, timeout_s: float):
+        self.client = BlockingKernelClient()
+        self.client.load_connection_info(connection)
+        self.client.start_channels()
+        self.own, self.timeout_s = own, timeout_s
+        self.deadline = float("inf")
+        self.shared: dict[str, Any] = {}
+        self.calls = 0
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+    def _run(self, code: str) -> None:
+        """Run code in the kernel, copying what it prints to this process's stdout and stderr (the test cell's)."""
+        msg_id = self.client.execute(code, store_history=False, allow_stdin=False)
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the learner's function ran past the cell's time limit")
+            try:
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 5.0))
+            except Exception:  # queue.Empty: nothing yet
+                if not self.client.is_alive():
+                    raise RuntimeError("the kernel died while running the learner's function") from None
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                print(content.get("text", ""), end="", file=sys.stderr if content.get("name") == "stderr" else sys.stdout)
+            elif kind == "error":
+                raise RuntimeError(f"the grader's call failed in the kernel: {content.get('ename')}: "
+                                   f"{content.get('evalue')} (was the grader's helper in the kernel replaced?)")
+            elif kind == "status" and content.get("execution_state") == "idle":
+                return
+
+    def _exchange(self, entry: str, message: dict) -> Any:
+        request, response = self.own / f"request-{self.calls}.json", self.own / f"response-{self.calls}.json"
+        self.calls += 1
+        request.write_text(json.dumps(message))
+        os.chown(request, sandbox.UID, sandbox.UID)
+        try:
+            self._run(f"__specdec_grader__.{entry}({str(request)!r}, {str(response)!r})")
+            if not response.exists() or response.is_symlink():
+                raise RuntimeError("the kernel gave no answer (was the grader's helper in the kernel replaced?)")
+            with open(response, "rb") as f:
+                text = f.read(RESPONSE_LIMIT + 1)
+            if len(text) > RESPONSE_LIMIT:
+                raise channel.ChannelError(f"an answer larger than {RESPONSE_LIMIT:,} bytes")
+            return json.loads(text)
+        finally:
+            request.unlink(missing_ok=True)
+            response.unlink(missing_ok=True)
+
+    def describe(self, names: list[str]) -> dict[str, Any]:
+        """The learner's names as seen here: proxies for functions and kernels, copies of values, none for missing."""
+        info = self._exchange("describe", {"names": names, "shared": list(self.shared)})
+        out = {}
+        for name in names:
+            item = info.get(name) if isinstance(info, dict) else None
+            if not isinstance(item, dict) or item.get("kind") not in ("function", "kernel", "value"):
+                continue
+            if item["kind"] == "value":
+                try:
+                    out[name] = channel.Decoder(self.shared)(item["value"])
+                except channel.ChannelError as err:
+                    out[name] = channel.Opaque("value", str(err))
+            else:
+                out[name] = Remote(self, name, item)
+        return out
+
+    def call(self, name: str, grid: Any, args: tuple, kwargs: dict) -> Any:
+        """Run the learner's ``name`` on these arguments in the kernel; its result, or its exception raised here."""
+        shared_ids = {id(v): k for k, v in self.shared.items()}
+        call = {"target": [name, grid], "args": list(args), "kwargs": dict(kwargs), "rng": torch.get_rng_state(),
+                "py_random": random.getstate(),
+                "instruments": [[n, params] for n, params, _ in instruments.ACTIVE]}
+        try:
+            encoded = channel.Encoder(shared_ids)(call)
+        except channel.ChannelError as err:
+            raise TypeError(f"the grader could not send the arguments of {name} into the sandbox: {err}") from None
+        answer = self._exchange("serve", {"shared": list(self.shared), "call": encoded})
+        try:
+            outcome = channel.Decoder(self.shared)(answer)
+        except channel.ChannelError as err:
+            raise TypeError(f"{name} returned something the grader cannot read: {err}") from None
+        if not isinstance(outcome, dict) or not {"args", "kwargs", "rng", "measured"} <= set(outcome):
+            raise TypeError(f"{name}: the kernel's answer is malformed")
+        seen: dict[int, Any] = {}
+        for old, new in zip(args, outcome["args"]):
+            channel.update_in_place(old, new, seen)
+        for key, old in kwargs.items():
+            if key in outcome["kwargs"]:
+                channel.update_in_place(old, outcome["kwargs"][key], seen)
+        with contextlib.suppress(Exception):  # a forged state only changes the grader's next random inputs
+            torch.set_rng_state(outcome["rng"])
+            random.setstate(outcome["py_random"])
+        for (_, _, results), measured in zip(instruments.ACTIVE, outcome["measured"] or []):
+            if results is not None and isinstance(measured, dict):
+                for key in results:
+                    value = measured.get(key, 0)
+                    results[key] += value if type(value) is int and value >= 0 else 0
+        if "raised" in outcome:
+            raised = outcome["raised"] if isinstance(outcome["raised"], dict) else {}
+            err = _exception(raised)
+            if raised.get("cause") == "NotImplementedError" and not isinstance(err, NotImplementedError):
+                err.__cause__ = NotImplementedError()
+            _raise_in(str(raised.get("where", "")), err)
+        return channel.substitute(outcome.get("result"), seen)
+
+
+def _defined_names(source: str) -> set[str]:
+    tree = _parse(source)
+    names: set[str] = set()
+    for node in tree.body if tree else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        for sub in ast.walk(node) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For,
+                                                      ast.With)) else ():
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+    return names
+
+
+def _used_names(source: str) -> set[str]:
+    tree = _parse(source)
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} if tree else set()
+
+
+def _python(source: str) -> str:
+    """A cell without IPython's magics and shell lines (the course's test and setup cells use none that matter)."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
+def _parse(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(_python(source))
+    except SyntaxError:
+        return None
+
+
+def _meta(cell: NotebookNode) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+class TrustedExecute(Execute):
+    """nbgrader's Execute, with the kernel in a sandbox and every graded test cell judged in this process."""
+
+    def preprocess(self, nb: NotebookNode, resources: dict, km: Any = None) -> tuple[NotebookNode, dict]:
+        conf = settings()
+        self.kernel_manager_class = SandboxedKernelManager
+        self.own = Path(conf["own"])
+        (self.own / "work").mkdir(exist_ok=True)
+        resources.setdefault("metadata", {})["path"] = str(self.own / "work")
+        self.extra_arguments = [*self.extra_arguments, "--HistoryManager.hist_file=:memory:"]
+        self.assignment = conf["assignment"]
+        self._grader: Grader | None = None
+        self._trusted_ns: dict[str, Any] | None = None
+        self._learner_names: set[str] = set()
+        return super().preprocess(nb, resources, km)
+
+    def create_kernel_manager(self) -> AsyncKernelManager:
+        km = super().create_kernel_manager()
+        km.transport = "ipc"
+        km.ip = str(self.own / "kernel")
+        km.connection_file = str(self.own / "kernel.json")
+        return km
+
+    async def async_execute_cell(self, cell: NotebookNode, cell_index: int, execution_count: int | None = None,
+                                 store_history: bool = True) -> NotebookNode:
+        if cell.cell_type != "code":
+            return cell
+        if self._grader is None:
+            await self._start_grader()
+        meta = _meta(cell)
+        if meta.get("grade") and not meta.get("solution"):
+            return self._judge(cell)
+        if meta.get("solution"):
+            self._learner_names |= _defined_names(cell.source)
+        return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+
+    async def _start_grader(self) -> None:
+        helper = {"cell_type": "code", "source": "from specdec.course import kernel_side as __specdec_grader__",
+                  "metadata": {}, "outputs": [], "execution_count": None}
+        await super().async_execute_cell(nbformat.from_dict(helper), -1, store_history=False)
+        self._grader = Grader(self.km.get_connection_info(), self.own, float(self.timeout or 120))
+
+    def _trusted_namespace(self) -> dict[str, Any]:
+        """The course's locked cells (from the instructor notebook) that need nothing of the learner, run here."""
+        if self._trusted_ns is None:
+            course = nbformat.read(source_notebook(self.assignment), as_version=4)
+            answers = set().union(*(_defined_names(c.source) for c in course.cells
+                                    if c.cell_type == "code" and _meta(c).get("solution")))
+            self._learner_names |= answers
+            ns: dict[str, Any] = {"__name__": "__main__"}
+            for c in course.cells:
+                meta = _meta(c)
+                if c.cell_type != "code" or meta.get("solution") or meta.get("grade") or not meta.get("locked"):
+                    continue
+                if _used_names(c.source) & answers:
+                    continue  # a demonstration of the learner's code
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    try:
+                        exec(compile(_python(c.source), f"<course cell {meta.get('grade_id', '')}>", "exec"), ns)
+                    except Exception:  # a course cell that fails here fails the tests that need it, visibly
+                        pass
+            self._trusted_ns = ns
+            assert self._grader is not None
+            self._grader.shared = {k: v for k, v in ns.items() if isinstance(v, torch.nn.Module)}
+        return self._trusted_ns
+
+    def _judge(self, cell: NotebookNode) -> NotebookNode:
+        """Run a graded test cell here, against proxies of the learner's names; its outputs are what nbgrader scores."""
+        assert self._grader is not None
+        ns = dict(self._trusted_namespace())
+        wanted = sorted((_used_names(cell.source) - set(ns) - set(dir(builtins))) | self._learner_names)
+        cell.outputs = []
+        out, err = io.StringIO(), io.StringIO()
+        self._grader.deadline = time.monotonic() + float(self.timeout or 120)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                ns.update(self._grader.describe(wanted))
+                exec(compile(_python(cell.source), "<test cell>", "exec"), ns)
+        except Exception as exc:  # the verdict: an error output scores the cell 0
+            error = exc
+        else:
+            error = None
+        if out.getvalue():
+            cell.outputs.append(nbformat.v4.new_output("stream", name="stdout", text=out.getvalue()))
+        if err.getvalue():
+            cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=err.getvalue()))
+        if error is not None:
+            frames = traceback.format_exception(type(error), error, error.__traceback__)
+            cell.outputs.append(nbformat.v4.new_output("error", ename=type(error).__name__, evalue=str(error),
+                                                       traceback=[f.rstrip("\n") for f in frames]))
+        return cell
+
+    async def _async_cleanup_kernel(self) -> None:
+        if getattr(self, "_grader", None) is not None:
+            self._grader.close()
+            self._grader = None
+        await super()._async_cleanup_kernel()
+
+    execute_cell = run_sync(async_execute_cell)  # nbclient binds its own coroutine here: bind this class's
+    _cleanup_kernel = run_sync(_async_cleanup_kernel)

@@ -1,0 +1,94 @@
+"""Instruments a check runs a learner's function under: fixed uniforms, counted kernel loads.
+
+They change how the function's own process behaves (``torch.rand`` returns a fixed value; the Triton interpreter
+counts loads), so when cohort grading runs the function in a sandboxed kernel (``specdec.course.trusted``) the same
+instrument must be entered there. Each one, while active, is listed in :data:`ACTIVE` with what it needs, and the
+grader's proxy enters the same instruments around the call in the kernel and adds what they measured to the caller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+#: (name, parameters, results) of every instrument now entered, innermost last.
+ACTIVE: list[tuple[str, dict[str, Any], dict[str, int] | None]] = []
+
+
+@contextlib.contextmanager
+def _listed(name: str, params: dict[str, Any], results: dict[str, int] | None = None) -> Iterator[None]:
+    ACTIVE.append((name, params, results))
+    try:
+        yield
+    finally:
+        ACTIVE.pop()
+
+
+@contextlib.contextmanager
+def fixed_uniforms(top: bool) -> Iterator[None]:
+    """Every uniform drawn with torch.rand, torch.rand_like or Tensor.uniform_ is 0 (``top`` False) or the largest
+    value below 1 of its dtype (``top`` True). torch.multinomial is left as it is."""
+    rand, rand_like, uniform_ = torch.rand, torch.rand_like, torch.Tensor.uniform_
+
+    def level(dtype: torch.dtype) -> float:
+        return 1.0 - torch.finfo(dtype).eps / 2 if top else 0.0
+
+    def fixed(*size, generator=None, dtype=None, device=None, out=None, **_):
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        dtype = dtype or torch.get_default_dtype()
+        return torch.full(shape, level(dtype), dtype=dtype, device=device)
+
+    def fixed_like(input, *, dtype=None, **_):
+        dtype = dtype or input.dtype
+        return torch.full_like(input, level(dtype), dtype=dtype)
+
+    def fill(self, low=0.0, high=1.0, *, generator=None):
+        return self.fill_(low + (high - low) * level(self.dtype))
+
+    torch.rand, torch.rand_like, torch.Tensor.uniform_ = fixed, fixed_like, fill
+    try:
+        with _listed("fixed_uniforms", {"top": top}):
+            yield
+    finally:
+        torch.rand, torch.rand_like, torch.Tensor.uniform_ = rand, rand_like, uniform_
+
+
+@contextlib.contextmanager
+def loads_counted(watched: dict[str, torch.Tensor], on_cpu: bool = True) -> Iterator[dict[str, int]]:
+    """Counts, per watched tensor, the elements the Triton interpreter loads from it while inside (masked-off lanes do
+    not count). Yields the counts; empty when ``on_cpu`` is False (compiled kernels on a GPU cannot be counted)."""
+    counts = {name: 0 for name in watched}
+    if not on_cpu:
+        yield {}
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in watched.items()}
+    original = InterpreterBuilder.create_masked_load
+
+    def counting(self, ptrs, mask, other, cache_policy, is_volatile):
+        addresses = np.asarray(ptrs.data)[np.asarray(mask.data, dtype=bool)]
+        for name, (start, end) in ranges.items():
+            counts[name] += int(((addresses >= start) & (addresses < end)).sum())
+        return original(self, ptrs, mask, other, cache_policy, is_volatile)
+
+    InterpreterBuilder.create_masked_load = counting
+    try:
+        with _listed("loads_counted", {"watched": watched}, counts):
+            yield counts
+    finally:
+        InterpreterBuilder.create_masked_load = original
+
+
+def enter(stack: contextlib.ExitStack, name: str, params: dict[str, Any]) -> dict[str, int] | None:
+    """Enter the instrument ``name`` (as listed in ACTIVE elsewhere) on ``stack``; what it will measure, if anything."""
+    if name == "fixed_uniforms":
+        stack.enter_context(fixed_uniforms(bool(params["top"])))
+        return None
+    if name == "loads_counted":
+        return stack.enter_context(loads_counted(params["watched"]))
+    raise ValueError(f"unknown instrument {name!r}")

@@ -1,0 +1,162 @@
+"""Cohort grading against hostile submissions (issue 39): each attack on notebook 01, graded in one cohort beside
+honest students, with the sandbox on. Every attack scores no more than its honest part deserves, every honest
+student scores what it scores alone, and nothing of any submission outlives the run."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+import subprocess
+import time
+
+import nbformat
+import pytest
+
+from conftest import background_job, background_result, read, source_path, student_path
+from specdec.course import cohort, sandbox
+
+SLUG = "01_cost_ledger"
+FULL = 10.0
+MARKER = "/tmp/specdec-attack-survivor"  # written on the host only if a survivor escaped its sandbox
+
+pytestmark = [pytest.mark.pipeline,
+              pytest.mark.skipif(sandbox.available() is not None, reason=f"no sandbox: {sandbox.available()}")]
+
+
+def _first_answer(nb):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+
+
+def _blank_with(code: str) -> nbformat.NotebookNode:
+    """The blank notebook with ``code`` put in front of its first answer cell: an attack with no honest answer."""
+    nb = copy.deepcopy(read(student_path(SLUG)))
+    cell = _first_answer(nb)
+    cell.source = code + "\n" + cell.source
+    return nb
+
+
+def _correct_with(code: str) -> nbformat.NotebookNode:
+    nb = copy.deepcopy(read(source_path(SLUG)))
+    cell = _first_answer(nb)
+    cell.source = code + "\n" + cell.source
+    return nb
+
+
+#: class -> (submission, the most it may score): an attack on a blank notebook deserves 0.
+ATTACKS = {
+    "gradebook_rewrite": (_blank_with(
+        "import glob, sqlite3\n"
+        "for db in glob.glob('/**/gradebook.db', recursive=True):\n"
+        "    c = sqlite3.connect(db); c.execute('update grade set auto_score = max_score, extra_credit = 700'); "
+        "c.commit()"), 0),
+    "kill_every_process": (_blank_with(
+        "import os, signal\n"
+        "for pid in [int(p) for p in os.listdir('/proc') if p.isdigit()]:\n"
+        "    if pid != os.getpid():\n"
+        "        try: os.kill(pid, signal.SIGKILL)\n"
+        "        except OSError: pass"), 0),
+    "hijack_other_kernels": (_blank_with(
+        "import glob, json\n"
+        "from jupyter_client import BlockingKernelClient\n"
+        "for f in glob.glob('/tmp/**/kernel*.json', recursive=True) + glob.glob('/root/**/kernel*.json', recursive=True):\n"
+        "    try:\n"
+        "        k = BlockingKernelClient(); k.load_connection_info(json.load(open(f))); k.start_channels()\n"
+        "        k.execute('import builtins; builtins.round = lambda *a: 0')\n"
+        "    except Exception: pass"), 0),
+    "checks_switched_off": (_blank_with(
+        "import specdec.checks as _c, specdec.checks.core as _core\n"
+        "_c.__dict__.update({k: (lambda *a, **kw: None) for k in dir(_c) if k.startswith('check_')})\n"
+        "globals().update({k: (lambda *a, **kw: None) for k in ('expect_equal', 'expect_close')})\n"
+        "_core.expect_equal = _core.expect_close = lambda *a, **kw: None"), 0),
+    "input_transformer": (_blank_with(
+        "ip = get_ipython()\n"
+        "ip.input_transformers_post.append(lambda lines: ['pass\\n'])"), 0),
+    "lying_int": (_blank_with(
+        "import math\n"
+        "class Liar(int):\n"
+        "    def __ne__(self, other): return False\n"
+        "    def __eq__(self, other): return True\n"
+        "math.isclose = lambda *a, **k: True\n"
+        "def count_params(cfg): return Liar(0)\n"
+        "def kv_bytes_per_token(cfg, b=2): return Liar(0)"), 0),
+    "read_the_answers": (_blank_with(
+        "import glob, importlib, json\n"
+        "found = glob.glob('/**/01_cost_ledger.ipynb', recursive=True)\n"
+        "for f in found:\n"
+        "    for c in json.load(open(f))['cells']:\n"
+        "        if 'BEGIN SOLUTION' in ''.join(c['source']): exec(''.join(c['source']).replace('### BEGIN SOLUTION', '')"
+        ".replace('### END SOLUTION', ''))\n"
+        "ref = importlib.import_module('specdec.ledger')\n"
+        "count_params = ref.count_params"), 0),
+    "survivor": (_blank_with(
+        "import subprocess\n"
+        f"subprocess.Popen(['sh', '-c', 'sleep 20; touch {MARKER}'], start_new_session=True)"), 0),
+    "writes_everywhere": (_blank_with(
+        "import os, sys\n"
+        "for d in ('/tmp', '/dev/shm', '/root', '/etc', os.path.dirname(os.__file__), sys.prefix):\n"
+        "    try: open(os.path.join(d, 'specdec-attack'), 'w').write('x')\n"
+        "    except OSError: pass"), 0),
+    "false_note": (_correct_with("print('DeadKernelError: the kernel died')"), FULL),
+}
+HONEST = {f"honest_{n}": (read(source_path(SLUG)), FULL) for n in range(3)} | {"honest_blank": (read(student_path(SLUG)), 0)}
+
+
+@background_job("attacked")
+def _grade_attacks(root):
+    submitted, out = root / "submitted", root / "out"
+    for student, (nb, _) in {**ATTACKS, **HONEST}.items():
+        path = submitted / student / SLUG / f"{SLUG}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(nb, path)
+    link = submitted / "symlinked" / SLUG
+    link.mkdir(parents=True)
+    (link / f"{SLUG}.ipynb").symlink_to(source_path(SLUG))
+    start = time.perf_counter()
+    assert cohort.main([str(submitted), "--out", str(out), "--workers", "2", "--cell-timeout", "60",
+                        "--timeout", "300", "--quiet"]) == 0
+    seconds = time.perf_counter() - start
+    time.sleep(1)
+    survivors = subprocess.run(["pgrep", "-u", str(sandbox.UID)], capture_output=True, text=True).stdout.split()
+    totals = {row["student"]: row for row in csv.DictReader(open(out / "totals.csv"))}
+    return totals, out, survivors, seconds
+
+
+@pytest.fixture(scope="module")
+def attacked():
+    return background_result("attacked")
+
+
+def test_no_attack_scores_more_than_its_honest_part(attacked):
+    totals, *_ = attacked
+    table = {name: (float(totals[name]["score"]), most) for name, (_, most) in ATTACKS.items()}
+    gained = {name: got for name, (got, most) in table.items() if got > most}
+    assert not gained, f"attacks that gained points: {gained} (table: {table})"
+
+
+def test_honest_students_beside_attackers_score_as_alone(attacked):
+    totals, *_ = attacked
+    for name, (_, expected) in HONEST.items():
+        assert float(totals[name]["score"]) == expected, (name, totals[name])
+        assert totals[name]["needs_review"] == "False" and totals[name]["flagged"] == "False", totals[name]
+
+
+def test_a_linked_notebook_is_refused_and_held(attacked):
+    totals, *_ = attacked
+    row = totals["symlinked"]
+    assert row["graded"] == "False" and row["needs_review"] == "True" and "is a link" in row["messages"], row
+
+
+def test_nothing_outlives_the_run_or_escapes_the_sandbox(attacked):
+    _, _, survivors, _ = attacked
+    assert not survivors, f"processes of the sandbox's uid still running: {survivors}"
+    for leftover in ("/tmp/specdec-attack", "/dev/shm/specdec-attack", "/root/specdec-attack", "/etc/specdec-attack"):
+        assert not os.path.exists(leftover), f"a submission wrote {leftover} on the host"
+    assert not os.path.exists(MARKER), "a submission's process outlived its sandbox"
+
+
+def test_a_reference_call_is_evidence_not_silence(attacked):
+    totals, *_ = attacked
+    row = totals["read_the_answers"]
+    assert row["needs_review"] == "True" and "withheld" in row["messages"], row
+    assert "kernel died" not in totals["false_note"]["messages"] or totals["false_note"]["score"] == f"{FULL:g}"
