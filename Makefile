@@ -51,14 +51,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[hf,test]"
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# Cohort grading's sandbox: Debian's bubblewrap (util-linux's setpriv and prlimit come with the system).
+SANDBOX_STAMP := $(VENV)/.installed-sandbox
+$(SANDBOX_STAMP): $(STAMP)
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+		echo "note: bubblewrap is not installed, so cohort grading refuses untrusted submissions (apt-get install bubblewrap)"
+	@! command -v bwrap >/dev/null || touch $@
+
+setup: $(STAMP) $(SANDBOX_STAMP)
 
 lab: $(STAMP)
 	@$(BIN)/python -m specdec.course.release --missing
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) \
 		$(if $(filter no,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: $(STAMP)
+test: $(STAMP) $(SANDBOX_STAMP)
 	$(BIN)/ruff check solutions tests tests_ui
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -84,7 +92,7 @@ grade: $(STAMP)
 	@$(BIN)/python -m specdec.course.grading $(NB) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),) \
 		$(if $(filter no,$(MODEL_ANSWERS)),--no-model-answers,)
 
-grade-cohort: $(STAMP)
+grade-cohort: $(STAMP) $(SANDBOX_STAMP)
 	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }
 	$(BIN)/python -m specdec.course.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)"
 

@@ -29,10 +29,10 @@ def _first_answer(nb):
 
 
 def _blank_with(code: str) -> nbformat.NotebookNode:
-    """The blank notebook with ``code`` put in front of its first answer cell: an attack with no honest answer."""
+    """The blank notebook with ``code`` after its first answer cell's skeleton: an attack with no honest answer."""
     nb = copy.deepcopy(read(student_path(SLUG)))
     cell = _first_answer(nb)
-    cell.source = code + "\n" + cell.source
+    cell.source = cell.source.replace("raise NotImplementedError()", "pass") + "\n" + code
     return nb
 
 
@@ -47,7 +47,7 @@ def _correct_with(code: str) -> nbformat.NotebookNode:
 ATTACKS = {
     "gradebook_rewrite": (_blank_with(
         "import glob, sqlite3\n"
-        "for db in glob.glob('/**/gradebook.db', recursive=True):\n"
+        "for db in glob.glob('/tmp/**/gradebook.db', recursive=True) + glob.glob('/work/**/gradebook.db', recursive=True):\n"
         "    c = sqlite3.connect(db); c.execute('update grade set auto_score = max_score, extra_credit = 700'); "
         "c.commit()"), 0),
     "kill_every_process": (_blank_with(
@@ -82,7 +82,7 @@ ATTACKS = {
         "def kv_bytes_per_token(cfg, b=2): return Liar(0)"), 0),
     "read_the_answers": (_blank_with(
         "import glob, importlib, json\n"
-        "found = glob.glob('/**/01_cost_ledger.ipynb', recursive=True)\n"
+        "found = [f for d in ('/tmp', '/work', '/root') for f in glob.glob(d + '/**/01_cost_ledger.ipynb', recursive=True)]\n"
         "for f in found:\n"
         "    for c in json.load(open(f))['cells']:\n"
         "        if 'BEGIN SOLUTION' in ''.join(c['source']): exec(''.join(c['source']).replace('### BEGIN SOLUTION', '')"

@@ -15,6 +15,15 @@ from typing import Any
 import numpy as np
 import torch
 
+
+def _as_is(cmd: list[str], env: dict[str, str]) -> list[str]:
+    return cmd
+
+
+#: How a check starts a process that runs a learner's code (Triton's compiler on their kernel's source): as it is,
+#: or, when cohort grading sets it, inside the submission's sandbox with ``env`` set there.
+untrusted_command = _as_is
+
 #: (name, parameters, results) of every instrument now entered, innermost last.
 ACTIVE: list[tuple[str, dict[str, Any], dict[str, int] | None]] = []
 

@@ -630,7 +630,8 @@ def main(argv: list[str] | None = None) -> int:
                 total = sum(g.score for g in s.grades if not g.written)
                 status = f"{total:g} / {sum(g.max_score for g in s.grades if not g.written):g}" if s.graded else "not graded"
                 marks = (" (flagged)" if s.flagged else "") + (" (held)" if s.needs_review else "")
-                say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}" + (f"; {s.messages[0]}" if s.messages else ""), flush=True)
+                first = f"; {s.messages[0]}" if s.messages else ""
+                say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}{first}", flush=True)
     write_outputs(subs, problems, args.out)
     if args.shard:
         write_shard(subs, problems, args.shard, args.out)

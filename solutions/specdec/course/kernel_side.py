@@ -8,6 +8,7 @@ rebuilds only data) and judges it. A submission that replaces this module can on
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import random
 import traceback
@@ -41,13 +42,10 @@ def describe(request_path: str, response_path: str) -> None:
             continue
         value = ns[name]
         if hasattr(value, "fn") and hasattr(value, "__getitem__"):
-            src = getattr(value, "src", None)
-            if not isinstance(src, str):
-                try:
-                    import inspect
-                    src = inspect.getsource(value.fn)
-                except (OSError, TypeError):
-                    src = ""
+            try:
+                src = inspect.getsource(value.fn)  # with its @triton.jit line, as the compile check wants it
+            except (OSError, TypeError):
+                src = getattr(value, "src", "")
             out[name] = {"kind": "kernel", "src": src}
         elif callable(value):
             out[name] = {"kind": "function", "name": str(getattr(value, "__name__", name))}

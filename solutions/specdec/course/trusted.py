@@ -26,6 +26,7 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,8 @@ class _NamedStub:
 class Grader:
     """Calls into one sandboxed kernel, and judges test cells in this process."""
 
-    def __init__(self, connection: dict, own: Path, timeout_s: float):
+    def __init__(self, connection: dict, own: Path, timeout_s: float, alive: Callable[[], bool]):
+        self.alive = alive
         self.client = BlockingKernelClient()
         self.client.load_connection_info(connection)
         self.client.start_channels()
@@ -144,9 +146,9 @@ class Grader:
             if remaining <= 0:
                 raise TimeoutError("the learner's function ran past the cell's time limit")
             try:
-                msg = self.client.get_iopub_msg(timeout=min(remaining, 5.0))
+                msg = self.client.get_iopub_msg(timeout=min(remaining, 0.5))
             except Exception:  # queue.Empty: nothing yet
-                if not self.client.is_alive():
+                if not self.alive():
                     raise RuntimeError("the kernel died while running the learner's function") from None
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -309,7 +311,16 @@ class TrustedExecute(Execute):
         helper = {"cell_type": "code", "source": "from specdec.course import kernel_side as __specdec_grader__",
                   "metadata": {}, "outputs": [], "execution_count": None}
         await super().async_execute_cell(nbformat.from_dict(helper), -1, store_history=False)
-        self._grader = Grader(self.km.get_connection_info(), self.own, float(self.timeout or 120))
+        def alive() -> bool:
+            process = getattr(getattr(self.km, "provisioner", None), "process", None)
+            return process is not None and process.poll() is None
+
+        self._grader = Grader(self.km.get_connection_info(), self.own, float(self.timeout or 120), alive)
+        conf = settings()
+        scratch = self.own / "untrusted"
+        scratch.mkdir(exist_ok=True)
+        instruments.untrusted_command = lambda cmd, env: sandbox.command(
+            scratch, Path(conf["build"]), cmd, sandbox.Limits(**conf["limits"]), env)
 
     def _trusted_namespace(self) -> dict[str, Any]:
         """The course's locked cells (from the instructor notebook) that need nothing of the learner, run here."""

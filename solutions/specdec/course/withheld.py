@@ -46,8 +46,10 @@ def _code_ids(module: types.ModuleType) -> set[int]:
 
 
 def _from_package(code: types.CodeType) -> bool:
+    """True when code is a function of the package's lessons (not of specdec.course, which calls learners' code)."""
     for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "specdec" and getattr(module, "__file__", None) == code.co_filename:
+        if name.split(".")[0] == "specdec" and not name.startswith("specdec.course") \
+                and getattr(module, "__file__", None) == code.co_filename:
             if name not in _codes:
                 _codes[name] = _code_ids(module)
             return id(code) in _codes[name]
