@@ -15,10 +15,11 @@ import nbformat
 import pytest
 
 from conftest import background_job, background_result, read, source_path, student_path
-from specdec.course import cohort
+from specdec.course import cohort, sandbox
 from specdec.paths import REPO_ROOT
 
 SLUG = "02_greedy_verify"
+UNSAFE = [] if sandbox.available() is None else ["--unsafe-no-sandbox"]  # where bubblewrap is missing: unsandboxed
 FULL = 10.0  # notebook 02's points
 
 
@@ -98,7 +99,7 @@ def _grade_cohort(root):
     (submitted / "not_a_notebook" / SLUG / f"{SLUG}.ipynb").write_text('{"cells": 3}')
     (submitted / "stray" / "99_unknown").mkdir(parents=True)
     before = hashlib.sha256(GUARDED_FILE.read_bytes()).hexdigest()
-    assert cohort.main([str(submitted), "--out", str(out), "--workers", "2", "--cell-timeout", "8",
+    assert cohort.main([*UNSAFE, str(submitted), "--out", str(out), "--workers", "2", "--cell-timeout", "8",
                         "--timeout", "120", "--memory-mb", "6144", "--quiet"]) == 0
     assert hashlib.sha256(GUARDED_FILE.read_bytes()).hexdigest() == before, "a submission changed the course's files"
     totals = {row["student"]: row for row in csv.DictReader(open(out / "totals.csv"))}
@@ -226,7 +227,7 @@ def _grade_a_sleeper(tmp_path):
     path = tmp_path / "submitted" / student / SLUG / f"{SLUG}.ipynb"
     path.parent.mkdir(parents=True)
     nbformat.write(_variant(_prepend("round_shapes", "import time\ntime.sleep(120)")), path)
-    code = cohort.main([str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--workers", "1",
+    code = cohort.main([*UNSAFE, str(tmp_path / "submitted"), "--out", str(tmp_path / "out"), "--workers", "1",
                         "--timeout", "10", "--quiet"])
     time.sleep(1)
     return code, next(csv.DictReader(open(tmp_path / "out" / "totals.csv"))), _kernels_working_in(f"/{student}-")

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specdec.instruments import fixed_uniforms
+from specdec.course.instruments import fixed_uniforms
 from specdec.mistakes import Mistake, for_exercise
 
 

@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from specdec import instruments, kernels as ref
+from specdec import kernels as ref
 from specdec.checks.core import CheckFailure
+from specdec.course import instruments
 from specdec.kernels import device
 from specdec.mistakes import for_exercise
 

@@ -11,7 +11,12 @@ and results come out as JSON built here, never as pickle: decoding runs no code 
 - instances of classes defined in ``specdec`` or ``torch.nn`` (their attributes set with ``object.__setattr__``;
   no ``__init__``, ``__new__`` or ``__setstate__`` of theirs runs), enum members, and functions or classes of those
   packages by name;
-- shared objects by key (``ref``): the models both sides loaded, so an 18 MB target is not copied at every call.
+- shared objects by key (``ref``): the models both sides loaded, so an 18 MB target is not copied at every call;
+- handles (``h``), from the grader only: what a check hands the learner's function that cannot cross as data (a model
+  of its own, a counting wrapper, a drafter defined in a check, a closure). The kernel gets a :class:`Callback` proxy;
+  calling it, or reading an attribute of it, asks the grader (``specdec.course.trusted``), which runs the real object
+  in its own process and sends back the result as data. So what a check counts or records is counted outside the
+  sandbox, and the checks' code never enters it.
 
 Anything else is encoded as :class:`Opaque`. Each mutable value carries an id, so an object that appears twice (an
 argument the function returns, a tensor a context watches) is one object after decoding.
@@ -26,7 +31,7 @@ import importlib
 import json
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +43,9 @@ MAX_DEPTH = 64
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _NUMERIC_NP = set("biufc")  # numpy kinds: bool, int, uint, float, complex (never object or void)
 _PACKAGES = re.compile(r"^(specdec|torch\.nn)(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: Modules the sandbox does not have (``specdec.course.sandbox.WITHHELD``) or must not build from a message.
+_TRUSTED_ONLY = re.compile(r"^specdec\.(checks|mistakes|course)(\.|$)")
+_ATTRIBUTE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 class ChannelError(ValueError):
@@ -82,8 +90,9 @@ def _storage_bytes(t: torch.Tensor) -> bytes:
 class Encoder:
     """Turns a value into JSON-ready data. ``shared`` maps id(object) -> key for objects sent by reference."""
 
-    def __init__(self, shared: Mapping[int, str] | None = None):
+    def __init__(self, shared: Mapping[int, str] | None = None, handle: Callable[[Any], dict] | None = None):
         self.shared = dict(shared or {})
+        self.handle = handle  # the grader's: value -> {"h": key, ...} for what cannot cross as data
         self.ids: dict[int, int] = {}
         self.keep: list[Any] = []  # keeps encoded objects alive, so no id is reused while encoding
 
@@ -91,10 +100,8 @@ class Encoder:
         if depth > MAX_DEPTH:
             raise ChannelError(f"nested more than {MAX_DEPTH} levels deep")
         kind = type(value)
-        if value is None or kind in (bool, str):
-            return value
-        if kind is int:
-            return {"i": str(value)}
+        if value is None or kind in (bool, str, int):
+            return value  # JSON keeps an int exact, of any size
         if kind is float:
             return {"f": repr(value)}
         if kind is complex:
@@ -105,10 +112,16 @@ class Encoder:
             return {"ref": self.shared[id(value)]}
         if id(value) in self.ids:
             return {"@": self.ids[id(value)]}
+        if kind is Callback:
+            return {"h": value._key}
+        if self.handle is not None and _needs_handle(value):
+            return self.handle(value)
         if kind in (torch.dtype, torch.device, torch.Size, slice, range) or isinstance(value, (np.generic, enum.Enum)):
             return self._atom(value, depth)
         if isinstance(value, (types.FunctionType, type)) and _PACKAGES.match(getattr(value, "__module__", "") or ""):
             return {"fn": _qualified(value)}
+        if kind is tuple and all(type(v) is int for v in value):  # a generator's state: 625 ints, sent as they are
+            return {"ti": list(value)}
         number = self.ids[id(value)] = len(self.ids)
         self.keep.append(value)
         if kind in (list, tuple, set, frozenset):
@@ -125,6 +138,9 @@ class Encoder:
             return {"G": str(value.device), "state": self._tensor(value.get_state()), "id": number}
         if _PACKAGES.match(kind.__module__ or "") and not isinstance(value, BaseException):
             return self._object(value, number, depth)
+        if self.handle is not None and callable(value):
+            del self.ids[id(value)]
+            return self.handle(value)
         return {"x": f"{kind.__module__}.{kind.__qualname__}", "repr": _short_repr(value), "id": number}
 
     def _atom(self, value: Any, depth: int) -> Any:
@@ -166,6 +182,19 @@ class Encoder:
                 "id": number}
 
 
+def _needs_handle(value: Any) -> bool:
+    """True for what the grader hands over by handle: a module not shared by key, an object or function of a module the
+    sandbox does not have, and a function the sandbox cannot find by name (a lambda, a closure)."""
+    if isinstance(value, torch.nn.Module):
+        return True
+    if isinstance(value, (types.FunctionType, type)):
+        module = getattr(value, "__module__", "") or ""
+        return not _PACKAGES.match(module) or bool(_TRUSTED_ONLY.match(module)) or "<" in value.__qualname__
+    if isinstance(value, (types.MethodType, types.BuiltinFunctionType)) or type(value).__name__ == "partial":
+        return True
+    return bool(_TRUSTED_ONLY.match(type(value).__module__ or "")) and not isinstance(value, BaseException)
+
+
 def _short_repr(value: Any) -> str:
     try:
         text = repr(value)
@@ -179,7 +208,8 @@ def _resolve(qualified: Any, want_class: bool) -> Any:
     if not isinstance(qualified, str) or ":" not in qualified:
         raise ChannelError(f"bad name {qualified!r}")
     module, name = qualified.split(":", 1)
-    if not _PACKAGES.match(module) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name) or "<" in name:
+    if (not _PACKAGES.match(module) or _TRUSTED_ONLY.match(module) or "<" in name
+            or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name)):
         raise ChannelError(f"{qualified!r} is not a class or function of the course's package")
     obj: Any = importlib.import_module(module)
     for part in name.split("."):
@@ -194,20 +224,21 @@ def _resolve(qualified: Any, want_class: bool) -> Any:
 class Decoder:
     """Builds values from Encoder's data. ``shared`` maps key -> the local object sent by reference."""
 
-    def __init__(self, shared: Mapping[str, Any] | None = None):
+    def __init__(self, shared: Mapping[str, Any] | None = None, handles: Mapping[str, Any] | None = None,
+                 callbacks: Callable[[dict], Callback] | None = None):
         self.shared = dict(shared or {})
+        self.handles = handles  # the grader's: key -> the object it handed over
+        self.callbacks = callbacks  # the kernel's: handle data -> its proxy
         self.objects: dict[int, Any] = {}
 
     def __call__(self, data: Any, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
             raise ChannelError(f"nested more than {MAX_DEPTH} levels deep")
-        if data is None or type(data) in (bool, str):
+        if data is None or type(data) in (bool, str, int):
             return data
         if type(data) is not dict or not data:
             raise ChannelError(f"unexpected {type(data).__name__} in a message")
         tag = next(iter(data))
-        if tag == "i":
-            return int(data["i"])
         if tag == "f":
             return float(data["f"])
         if tag == "c":
@@ -218,6 +249,12 @@ class Decoder:
             if data["ref"] not in self.shared:
                 raise ChannelError(f"unknown shared object {data['ref']!r}")
             return self.shared[data["ref"]]
+        if tag == "h":
+            if self.handles is not None and data["h"] in self.handles:
+                return self.handles[data["h"]]
+            if self.callbacks is not None:
+                return self.callbacks(data)
+            raise ChannelError(f"unknown handle {data['h']!r}")
         if tag == "@":
             if data["@"] not in self.objects:
                 raise ChannelError("a reference to an object not yet sent")
@@ -274,6 +311,10 @@ class Decoder:
             return slice(*(self(v, depth + 1) for v in data["sl"]))
         if tag == "rg":
             return range(*(int(v) for v in data["rg"]))
+        if tag == "ti":
+            if type(data["ti"]) is not list or not all(type(v) is int for v in data["ti"]):
+                raise ChannelError("a tuple of ints that holds something else")
+            return tuple(data["ti"])
         if tag == "E":
             cls = _resolve(data["E"], want_class=True)
             if not issubclass(cls, enum.Enum):
@@ -324,6 +365,87 @@ class Decoder:
 
 
 _NONE = object()
+
+
+class Callback:
+    """In the kernel: an object the grader handed over by handle. Calls, items, lengths and attributes go to the grader
+    through ``ask(key, op, name, args, kwargs)``; a public method listed in the handle is called in one exchange."""
+
+    def __init__(self, key: str, name: str, methods: frozenset[str], ask: Callable[..., Any]):
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_ask", ask)
+        object.__setattr__(self, "_methods", methods)
+        object.__setattr__(self, "__name__", name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ask(self._key, "call", "", args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if not _ATTRIBUTE.fullmatch(name):
+            raise AttributeError(name)
+        if name in self._methods:
+            return lambda *args, **kwargs: self._ask(self._key, "method", name, args, kwargs)
+        return self._ask(self._key, "getattr", name, (), {})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self.__name__} belongs to the grader: its attributes are read-only here")
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._ask(self._key, "getitem", "", (item,), {})
+
+    def __len__(self) -> int:
+        return self._ask(self._key, "len", "", (), {})
+
+    def __iter__(self) -> Any:
+        return iter(self._ask(self._key, "iter", "", (), {}))
+
+    def __repr__(self) -> str:
+        return f"<{self.__name__}, the grader's>"
+
+    def __deepcopy__(self, memo: dict) -> Callback:
+        return self
+
+
+def public_methods(value: Any) -> list[str]:
+    """The names a :class:`Callback` for value calls as methods in one exchange: public functions of its class."""
+    if isinstance(value, (types.FunctionType, types.MethodType, type, types.BuiltinFunctionType)):
+        return []
+    return sorted(name for name in dir(type(value)) if _ATTRIBUTE.fullmatch(name)
+                  and isinstance(getattr(type(value), name, None), (types.FunctionType, staticmethod, classmethod)))
+
+
+def send(conn: Any, payload: str | bytes) -> None:
+    """One message on a stream socket: its length in 8 bytes, then the bytes."""
+    data = payload.encode() if isinstance(payload, str) else payload
+    conn.sendall(len(data).to_bytes(8, "big") + data)
+
+
+def receive(conn: Any) -> Any:
+    """The next message on a stream socket, parsed as JSON (not decoded); None when the other side closed it."""
+    head = _read_exactly(conn, 8)
+    if head is None:
+        return None
+    size = int.from_bytes(head, "big")
+    if size > MAX_BYTES:
+        raise ChannelError(f"a message of {size:,} bytes, more than the {MAX_BYTES:,} allowed")
+    body = _read_exactly(conn, size)
+    if body is None:
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as err:  # not JSON, or an int of more digits than Python reads
+        raise ChannelError(f"not a message: {err}") from None
+
+
+def _read_exactly(conn: Any, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = conn.recv(min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def dumps(value: Any, shared: Mapping[int, str] | None = None) -> str:

@@ -7,18 +7,18 @@ rebuilds only data) and judges it. A submission that replaces this module can on
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import inspect
 import json
 import random
+import socket
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from specdec import instruments
-from specdec.course import channel
+from specdec.course import channel, instruments
 
 
 def _namespace() -> dict[str, Any]:
@@ -32,9 +32,71 @@ def _shared(keys: list[str]) -> dict[str, Any]:
     return {key: ns[key] for key in keys if key in ns}
 
 
-def describe(request_path: str, response_path: str) -> None:
+class _Context:
+    """The session now open with the grader, and the models shared by key in the call it runs."""
+
+    shared: dict[str, Any] = {}
+    connection: socket.socket | None = None
+    proxies: dict[str, channel.Callback] = {}
+
+
+def _proxy(data: dict) -> channel.Callback:
+    key = str(data["h"])
+    if key not in _Context.proxies:
+        methods = frozenset(str(m) for m in data.get("methods", []) if isinstance(m, str))
+        _Context.proxies[key] = channel.Callback(key, str(data.get("name", "an object of the grader's")), methods, _ask)
+    return _Context.proxies[key]
+
+
+def _ask(key: str, op: str, name: str, args: tuple, kwargs: dict) -> Any:
+    """Ask the grader to run one operation on the object behind handle ``key`` (see ``channel.Callback``)."""
+    if _Context.connection is None:
+        raise RuntimeError("the grader's objects answer only while the grader runs a test")
+    shared_ids = {id(v): k for k, v in _Context.shared.items()}
+    call = channel.Encoder(shared_ids)({"args": list(args), "kwargs": dict(kwargs), "rng": torch.get_rng_state(),
+                                        "py_random": random.getstate()})
+    channel.send(_Context.connection, json.dumps({"callback": {"h": key, "op": op, "name": name, "call": call}}))
+    answer = channel.receive(_Context.connection)
+    if answer is None:
+        raise RuntimeError("the grader closed the connection")
+    outcome = channel.Decoder(_Context.shared, callbacks=_proxy)(answer)
+    seen: dict[int, Any] = {}
+    for old, new in zip(args, outcome.get("args", [])):
+        channel.update_in_place(old, new, seen)
+    for k, old in kwargs.items():
+        if k in outcome.get("kwargs", {}):
+            channel.update_in_place(old, outcome["kwargs"][k], seen)
+    if "rng" in outcome:
+        torch.set_rng_state(outcome["rng"])
+        random.setstate(outcome["py_random"])
+    if "raised" in outcome:
+        kind = getattr(builtins, str(outcome["raised"].get("type")), None)
+        message = str(outcome["raised"].get("message", ""))
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            try:
+                raise kind(message)
+            except TypeError:  # an exception class whose constructor wants more
+                pass
+        raise RuntimeError(f"{outcome['raised'].get('type')}: {message}")
+    return channel.substitute(outcome.get("result"), seen)
+
+
+def session(path: str) -> None:
+    """Answer the grader on its socket (``path``) until it says the test cell is done."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(path)
+    _Context.connection = connection
+    try:
+        while isinstance(message := channel.receive(connection), dict) and message.get("op") != "end":
+            answer = describe(message) if message.get("op") == "describe" else serve(message)
+            channel.send(connection, answer)
+    finally:
+        connection.close()
+        _Context.connection = None
+
+
+def describe(request: dict) -> str:
     """For each requested name: missing, a function, a Triton kernel (with its source) or a value (sent as data)."""
-    request = json.loads(Path(request_path).read_text())
     ns, out = _namespace(), {}
     for name in request["names"]:
         if name not in ns:
@@ -55,14 +117,14 @@ def describe(request_path: str, response_path: str) -> None:
                     request["shared"]).items()})(value)}
             except channel.ChannelError as err:
                 out[name] = {"kind": "value", "value": {"x": type(value).__name__, "repr": str(err)}}
-    Path(response_path).write_text(json.dumps(out))
+    return json.dumps({"answer": out})
 
 
-def serve(request_path: str, response_path: str) -> None:
-    """Run the call in ``request_path`` and write what happened to ``response_path``."""
-    message = json.loads(Path(request_path).read_text())
+def serve(message: dict) -> str:
+    """Run the call in ``message``; what happened, as the grader's answer."""
     shared = _shared(message["shared"])
-    request = channel.Decoder(shared)(message["call"])
+    _Context.shared = shared
+    request = channel.Decoder(shared, callbacks=_proxy)(message["call"])
     name, grid = request["target"]
     fn = _namespace()[name]
     if grid is not None:
@@ -83,10 +145,9 @@ def serve(request_path: str, response_path: str) -> None:
                    py_random=random.getstate(), measured=measured)
     encoder = channel.Encoder({id(v): k for k, v in shared.items()})
     try:
-        text = json.dumps(encoder(outcome), allow_nan=False)
+        return json.dumps({"answer": encoder(outcome)}, allow_nan=False)
     except (channel.ChannelError, ValueError) as err:
-        text = json.dumps(channel.Encoder()({"raised": {"type": "TypeError", "where": "", "cause": "",
-                                                        "message": f"the grader cannot read what it returned: {err}"},
-                                             "args": [], "kwargs": {}, "rng": torch.get_rng_state(),
-                                             "py_random": random.getstate(), "measured": []}))
-    Path(response_path).write_text(text)
+        return json.dumps({"answer": channel.Encoder()({
+            "raised": {"type": "TypeError", "where": "", "cause": "",
+                       "message": f"the grader cannot read what it returned: {err}"},
+            "args": [], "kwargs": {}, "rng": torch.get_rng_state(), "py_random": random.getstate(), "measured": []})})

@@ -23,6 +23,7 @@ import json
 import os
 import random
 import re
+import socket
 import sys
 import time
 import traceback
@@ -39,11 +40,8 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Unicode
 
-from specdec import instruments
-from specdec.course import channel, sandbox
+from specdec.course import channel, instruments, sandbox
 from specdec.course.driver import source_notebook
-
-RESPONSE_LIMIT = channel.MAX_BYTES
 
 
 def settings() -> dict:
@@ -122,6 +120,27 @@ class _NamedStub:
         self.__name__ = name
 
 
+CALLBACK_OPS = ("call", "method", "getattr", "getitem", "len", "iter")
+
+
+def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
+    """One operation of channel.Callback on the object it stands for; public attributes only, never a module."""
+    if op == "call":
+        return target(*args, **kwargs)
+    if op in ("method", "getattr"):
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+            raise AttributeError(f"{name!r}: only public attributes of the grader's objects can be read")
+        value = getattr(target, name)
+        if isinstance(value, type(sys)):
+            raise AttributeError(f"{name!r} is a module")
+        return value(*args, **kwargs) if op == "method" else value
+    if op == "getitem":
+        return target[args[0]]
+    if op == "len":
+        return len(target)
+    return list(target)
+
+
 class Grader:
     """Calls into one sandboxed kernel, and judges test cells in this process."""
 
@@ -133,25 +152,83 @@ class Grader:
         self.own, self.timeout_s = own, timeout_s
         self.deadline = float("inf")
         self.shared: dict[str, Any] = {}
-        self.calls = 0
+        self.handles: dict[str, Any] = {}  # what this grader handed the kernel by handle (channel.Callback)
+        self._handle_keys: dict[int, str] = {}
+        self._handles_made = 0  # keys never repeat, so a proxy kept from an earlier cell finds nothing
+        self.socket_path = own / "grader.sock"
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(self.socket_path))
+        os.chown(self.socket_path, sandbox.UID, sandbox.UID)
+        self.server.listen(1)
+        self.conn: socket.socket | None = None  # the kernel's side of the session now open
+        self.session_id = ""  # the execute request that runs the kernel's session
 
     def close(self) -> None:
+        self.end_session()
         self.client.stop_channels()
+        self.server.close()
 
-    def _run(self, code: str) -> None:
-        """Run code in the kernel, copying what it prints to this process's stdout and stderr (the test cell's)."""
-        msg_id = self.client.execute(code, store_history=False, allow_stdin=False)
+    def forget_handles(self) -> None:
+        """Drop what was handed over for one test cell (a proxy kept in the kernel after it answers nothing)."""
+        self.handles.clear()
+        self._handle_keys.clear()
+
+    def _handle(self, value: Any) -> dict:
+        key = self._handle_keys.get(id(value))
+        if key is None:
+            key = self._handle_keys[id(value)] = f"h{self._handles_made}"
+            self._handles_made += 1
+            self.handles[key] = value
+        return {"h": key, "name": str(getattr(value, "__name__", type(value).__name__))[:200],
+                "methods": channel.public_methods(value)}
+
+    # -- the session: one execute request in the kernel, many calls over a socket ---------------------------------
+    # Each test cell opens a session: the kernel runs kernel_side.session(), which connects to this grader's socket
+    # and answers requests (describe, serve) until told the cell is done. A learner's function that calls back (a
+    # Callback) sends its question on the same connection and waits for the answer. So a check that calls the
+    # learner's function ten thousand times costs ten thousand socket round trips, not ten thousand executes.
+
+    def _session(self) -> socket.socket:
+        if self.conn is not None:
+            return self.conn
+        self.session_id = self.client.execute(f"__specdec_grader__.session({str(self.socket_path)!r})",
+                                              store_history=False, allow_stdin=False)
+        self.server.settimeout(0.1)
         while True:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("the learner's function ran past the cell's time limit")
+            self._check_time()
             try:
-                msg = self.client.get_iopub_msg(timeout=min(remaining, 0.5))
-            except Exception:  # queue.Empty: nothing yet
+                self.conn, _ = self.server.accept()
+                break
+            except TimeoutError:
+                if self._drain(wait=0):  # the session ended without connecting
+                    raise RuntimeError("the kernel gave no answer (was the grader's helper in the kernel replaced?)")
+        return self.conn
+
+    def end_session(self) -> None:
+        """Tell the kernel the cell is done and wait until it is idle, copying what it printed."""
+        if self.conn is None:
+            return
+        with contextlib.suppress(OSError):
+            channel.send(self.conn, json.dumps({"op": "end"}))
+        self.conn.close()
+        self.conn = None
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            self._drain(wait=5.0)
+
+    def _drain(self, wait: float) -> bool:
+        """Read the session's iopub messages for up to ``wait`` seconds: copy streams, raise on errors; True once the
+        session's execute request is done (the kernel idle)."""
+        until = time.monotonic() + wait
+        while True:
+            try:
+                msg = self.client.get_iopub_msg(timeout=max(0.0, min(until - time.monotonic(), 0.2)))
+            except Exception:  # queue.Empty: nothing more yet
                 if not self.alive():
                     raise RuntimeError("the kernel died while running the learner's function") from None
+                if time.monotonic() >= until:
+                    return False
                 continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            if msg.get("parent_header", {}).get("msg_id") != self.session_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
@@ -160,29 +237,79 @@ class Grader:
                 raise RuntimeError(f"the grader's call failed in the kernel: {content.get('ename')}: "
                                    f"{content.get('evalue')} (was the grader's helper in the kernel replaced?)")
             elif kind == "status" and content.get("execution_state") == "idle":
-                return
+                return True
 
-    def _exchange(self, entry: str, message: dict) -> Any:
-        request, response = self.own / f"request-{self.calls}.json", self.own / f"response-{self.calls}.json"
-        self.calls += 1
-        request.write_text(json.dumps(message))
-        os.chown(request, sandbox.UID, sandbox.UID)
+    def _check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            self._interrupt()
+            raise TimeoutError("the learner's function ran past the cell's time limit")
+        if not self.alive():
+            raise RuntimeError("the kernel died while running the learner's function")
+
+    def _interrupt(self) -> None:
+        """Stop what the kernel runs (ipykernel raises KeyboardInterrupt in it) and close the session."""
+        self.client.control_channel.send(self.client.session.msg("interrupt_request", {}))
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def _exchange(self, message: dict) -> Any:
+        """Send one request to the kernel's session and answer its callbacks until its answer comes."""
+        conn = self._session()
         try:
-            self._run(f"__specdec_grader__.{entry}({str(request)!r}, {str(response)!r})")
-            if not response.exists() or response.is_symlink():
-                raise RuntimeError("the kernel gave no answer (was the grader's helper in the kernel replaced?)")
-            with open(response, "rb") as f:
-                text = f.read(RESPONSE_LIMIT + 1)
-            if len(text) > RESPONSE_LIMIT:
-                raise channel.ChannelError(f"an answer larger than {RESPONSE_LIMIT:,} bytes")
-            return json.loads(text)
-        finally:
-            request.unlink(missing_ok=True)
-            response.unlink(missing_ok=True)
+            channel.send(conn, json.dumps(message))
+            while True:
+                conn.settimeout(0.2)
+                try:
+                    reply = channel.receive(conn)
+                except TimeoutError:
+                    self._check_time()
+                    continue
+                if reply is None:
+                    self.conn = None
+                    self._drain(wait=1.0)
+                    raise RuntimeError("the kernel gave no answer (was the grader's helper in the kernel replaced?)")
+                if not isinstance(reply, dict):
+                    raise channel.ChannelError("a malformed answer")
+                if "callback" in reply:
+                    conn.settimeout(None)
+                    channel.send(conn, self._callback(reply["callback"]))
+                    continue
+                return reply.get("answer")
+        except (OSError, channel.ChannelError):
+            if self.conn is not None:
+                self._interrupt()
+            raise
+
+    def _callback(self, message: Any) -> bytes | str:
+        """Run one operation on a handed-over object, here, on data the kernel sent; its outcome as data."""
+        try:
+            if not isinstance(message, dict) or message.get("op") not in CALLBACK_OPS:
+                raise channel.ChannelError("a malformed callback")
+            target = self.handles.get(message.get("h"))
+            if target is None:
+                raise channel.ChannelError(f"unknown handle {message.get('h')!r}")
+            call = channel.Decoder(self.shared, handles=self.handles)(message["call"])
+            args, kwargs, name = call["args"], call["kwargs"], str(message.get("name", ""))
+            torch.set_rng_state(call["rng"])
+            random.setstate(call["py_random"])
+        except Exception as err:  # a malformed or forged message: the learner's call fails, nothing runs here
+            return channel.dumps({"raised": {"type": "RuntimeError", "message": f"the grader refused a callback: {err}"}})
+        outcome: dict[str, Any] = {}
+        try:
+            outcome["result"] = _operate(target, message["op"], name, args, kwargs)
+        except Exception as err:  # raised in the kernel as the same kind of error
+            outcome["raised"] = {"type": type(err).__name__, "message": str(err)[:4000]}
+        outcome.update(args=args, kwargs=kwargs, rng=torch.get_rng_state(), py_random=random.getstate())
+        encoder = channel.Encoder({id(v): k for k, v in self.shared.items()}, handle=self._handle)
+        try:
+            return json.dumps(encoder(outcome), allow_nan=False).encode()
+        except (channel.ChannelError, ValueError) as err:
+            return channel.dumps({"raised": {"type": "TypeError", "message": f"the grader cannot send back: {err}"}})
 
     def describe(self, names: list[str]) -> dict[str, Any]:
         """The learner's names as seen here: proxies for functions and kernels, copies of values, none for missing."""
-        info = self._exchange("describe", {"names": names, "shared": list(self.shared)})
+        info = self._exchange({"op": "describe", "names": names, "shared": list(self.shared)})
         out = {}
         for name in names:
             item = info.get(name) if isinstance(info, dict) else None
@@ -190,7 +317,7 @@ class Grader:
                 continue
             if item["kind"] == "value":
                 try:
-                    out[name] = channel.Decoder(self.shared)(item["value"])
+                    out[name] = channel.Decoder(self.shared, handles=self.handles)(item["value"])
                 except channel.ChannelError as err:
                     out[name] = channel.Opaque("value", str(err))
             else:
@@ -204,12 +331,12 @@ class Grader:
                 "py_random": random.getstate(),
                 "instruments": [[n, params] for n, params, _ in instruments.ACTIVE]}
         try:
-            encoded = channel.Encoder(shared_ids)(call)
+            encoded = channel.Encoder(shared_ids, handle=self._handle)(call)
         except channel.ChannelError as err:
             raise TypeError(f"the grader could not send the arguments of {name} into the sandbox: {err}") from None
-        answer = self._exchange("serve", {"shared": list(self.shared), "call": encoded})
+        answer = self._exchange({"op": "serve", "shared": list(self.shared), "call": encoded})
         try:
-            outcome = channel.Decoder(self.shared)(answer)
+            outcome = channel.Decoder(self.shared, handles=self.handles)(answer)
         except channel.ChannelError as err:
             raise TypeError(f"{name} returned something the grader cannot read: {err}") from None
         if not isinstance(outcome, dict) or not {"args", "kwargs", "rng", "measured"} <= set(outcome):
@@ -352,12 +479,16 @@ class TrustedExecute(Execute):
         ns = dict(self._trusted_namespace())
         wanted = sorted((_used_names(cell.source) - set(ns) - set(dir(builtins))) | self._learner_names)
         cell.outputs = []
+        self._grader.forget_handles()
         out, err = io.StringIO(), io.StringIO()
         self._grader.deadline = time.monotonic() + float(self.timeout or 120)
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                ns.update(self._grader.describe(wanted))
-                exec(compile(_python(cell.source), "<test cell>", "exec"), ns)
+                try:
+                    ns.update(self._grader.describe(wanted))
+                    exec(compile(_python(cell.source), "<test cell>", "exec"), ns)
+                finally:
+                    self._grader.end_session()
         except Exception as exc:  # the verdict: an error output scores the cell 0
             error = exc
         else:

@@ -1,0 +1,101 @@
+"""The wall between the grader and a learner's sandboxed kernel (specdec.course.channel, specdec.course.trusted):
+values cross as data, what cannot is handed over by handle and runs on the grader's side, and nothing a message
+names is built unless it is plain data or a lesson's own class."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.checks.greedy import CountingLM
+from specdec.course import channel
+from specdec.course.trusted import _operate
+from specdec.models.toy import ToyLM
+
+
+def _round_trip(value, handle=None, callbacks=None):
+    return channel.Decoder(callbacks=callbacks)(json.loads(json.dumps(channel.Encoder(handle=handle)(value))))
+
+
+def test_data_crosses_with_its_shape_dtype_and_sharing():
+    base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    view = base.t()[1:, ::2]  # non-contiguous, offset
+    shared_list = [1, 2]
+    value = {"view": view, "again": view, "ids": torch.tensor([3, 1], dtype=torch.int32), "np": np.arange(3.0),
+             "lists": (shared_list, shared_list), "big": 2**70, "f": 0.1, "dtype": torch.float16, "none": None}
+    got = _round_trip(value)
+    assert torch.equal(got["view"], view) and got["view"].stride() == view.stride()
+    assert got["view"].storage_offset() == view.storage_offset() and got["again"] is got["view"]
+    assert got["ids"].dtype == torch.int32 and got["big"] == 2**70 and got["f"] == 0.1
+    assert got["lists"][0] is got["lists"][1] and got["dtype"] is torch.float16 and np.array_equal(got["np"], np.arange(3.0))
+
+
+def test_a_lying_int_arrives_as_an_opaque_value_that_equals_nothing():
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    got = _round_trip(Liar(0))
+    assert isinstance(got, channel.Opaque) and got != 0 and got != got
+
+
+def test_a_message_cannot_build_the_graders_own_classes_or_functions():
+    for forged in ({"o": "specdec.checks.greedy:CountingLM", "state": [], "id": 0},
+                   {"fn": "specdec.checks.core:expect_equal"}, {"fn": "specdec.course.cohort:main"},
+                   {"o": "builtins:object", "state": [], "id": 0}, {"fn": "os:system"}):
+        with pytest.raises(channel.ChannelError):
+            channel.Decoder()(forged)
+    with pytest.raises(channel.ChannelError, match="unknown handle"):
+        channel.Decoder(handles={})({"h": "h0"})
+
+
+def test_what_cannot_cross_is_handed_over_and_answered_by_its_owner():
+    counting = CountingLM(ToyLM(7, seed=0))
+    handed: dict[str, object] = {}
+
+    def handle(value):
+        handed[key := f"h{len(handed)}"] = value
+        return {"h": key, "name": type(value).__name__, "methods": channel.public_methods(value)}
+
+    asked = []
+
+    def ask(key, op, name, args, kwargs):  # the grader's side of a callback, without the socket
+        asked.append((op, name))
+        return _operate(handed[key], op, name, list(args), kwargs)
+
+    def proxy(data):
+        return channel.Callback(data["h"], data["name"], frozenset(data["methods"]), ask)
+
+    sent = _round_trip({"model": counting, "fn": lambda x: x + 1, "module": torch.nn.Linear(2, 2)}, handle, proxy)
+    assert all(isinstance(v, channel.Callback) for v in sent.values())
+    tokens = torch.tensor([1, 2, 3])
+    assert torch.equal(sent["model"].logits(tokens), counting.model.logits(tokens))
+    assert counting.calls == 1, "the call is counted by the grader's object, outside the sandbox"
+    assert sent["model"].vocab_size == 7 and sent["fn"](4) == 5 and asked[0] == ("method", "logits")
+    with pytest.raises(AttributeError):
+        sent["model"].calls = 0
+    with pytest.raises(AttributeError):
+        sent["model"]._private  # noqa: B018 (a private attribute is never asked for)
+    with pytest.raises(AttributeError, match="public"):
+        _operate(counting, "getattr", "__class__", [], {})
+    with pytest.raises(AttributeError, match="module"):
+        _operate(type("WithModule", (), {"os": json})(), "getattr", "os", [], {})
+    assert channel.Encoder()(counting)["o"].startswith("specdec.checks")  # without a handle: never from the kernel
+
+
+def test_messages_are_framed_and_bounded():
+    a, b = socket.socketpair()
+    with a, b:
+        channel.send(a, json.dumps({"x": [1, 2]}))
+        assert channel.receive(b) == {"x": [1, 2]}
+        a.sendall((channel.MAX_BYTES + 1).to_bytes(8, "big"))
+        with pytest.raises(channel.ChannelError, match="more than"):
+            channel.receive(b)
+        a.close()
+        assert channel.receive(b) is None
