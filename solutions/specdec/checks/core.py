@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from specdec.course.instruments import fixed_uniforms
+from specdec.course.instruments import fixed_uniforms, torch_calls
 from specdec.mistakes import Mistake, for_exercise
 
 
@@ -214,34 +214,16 @@ def expect_close(fn: Callable, args: tuple, expected: float, label: str | None =
 
 def count_torch_calls(fn: Callable, *args: Any) -> int:
     """How many torch functions and tensor methods one call of fn makes (to spot Python loops)."""
-    from torch.overrides import TorchFunctionMode
-
-    class Counter(TorchFunctionMode):
-        calls = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            Counter.calls += 1
-            return func(*args, **(kwargs or {}))
-
-    with Counter():
+    with torch_calls() as counts:
         fn(*args)
-    return Counter.calls
+    return sum(counts.values())
 
 
 def torch_function_names(fn: Callable, *args: Any) -> set[str]:
     """Names of the torch functions and tensor methods fn calls (tolist, unbind for iteration, ...)."""
-    from torch.overrides import TorchFunctionMode
-
-    names: set[str] = set()
-
-    class Record(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            names.add(getattr(func, "__name__", str(func)))
-            return func(*args, **(kwargs or {}))
-
-    with Record():
+    with torch_calls() as counts:
         fn(*args)
-    return names
+    return set(counts)
 
 
 def expect_no_loop_over(fn: Callable, label: str, small: tuple, large: tuple, what: str) -> None:

@@ -90,9 +90,12 @@ def _storage_bytes(t: torch.Tensor) -> bytes:
 class Encoder:
     """Turns a value into JSON-ready data. ``shared`` maps id(object) -> key for objects sent by reference."""
 
-    def __init__(self, shared: Mapping[int, str] | None = None, handle: Callable[[Any], dict] | None = None):
+    def __init__(self, shared: Mapping[int, str] | None = None, handle: Callable[[Any], dict] | None = None,
+                 origins: Mapping[int, int] | None = None):
         self.shared = dict(shared or {})
         self.handle = handle  # the grader's: value -> {"h": key, ...} for what cannot cross as data
+        self.origins = dict(origins or {})  # id(object) -> its number in the message that brought it here
+        self.objects: dict[int, Any] = {}  # number -> the object encoded under it
         self.ids: dict[int, int] = {}
         self.keep: list[Any] = []  # keeps encoded objects alive, so no id is reused while encoding
 
@@ -122,8 +125,17 @@ class Encoder:
             return {"fn": _qualified(value)}
         if kind is tuple and all(type(v) is int for v in value):  # a generator's state: 625 ints, sent as they are
             return {"ti": list(value)}
+        if self.handle is not None and not _is_data(value):
+            return self.handle(value)
         number = self.ids[id(value)] = len(self.ids)
         self.keep.append(value)
+        self.objects[number] = value
+        data = self._numbered(value, kind, number, depth)
+        if id(value) in self.origins:  # an object the other side sent in this call: it gets its own back
+            data["orig"] = self.origins[id(value)]
+        return data
+
+    def _numbered(self, value: Any, kind: type, number: int, depth: int) -> dict:
         if kind in (list, tuple, set, frozenset):
             tag = {list: "l", tuple: "t", set: "s", frozenset: "fs"}[kind]
             return {tag: [self(v, depth + 1) for v in value], "id": number}
@@ -138,9 +150,6 @@ class Encoder:
             return {"G": str(value.device), "state": self._tensor(value.get_state()), "id": number}
         if _PACKAGES.match(kind.__module__ or "") and not isinstance(value, BaseException):
             return self._object(value, number, depth)
-        if self.handle is not None and callable(value):
-            del self.ids[id(value)]
-            return self.handle(value)
         return {"x": f"{kind.__module__}.{kind.__qualname__}", "repr": _short_repr(value), "id": number}
 
     def _atom(self, value: Any, depth: int) -> Any:
@@ -165,7 +174,7 @@ class Encoder:
     def _tensor(self, t: torch.Tensor) -> dict:
         name = str(t.dtype).removeprefix("torch.")
         meta = {"dtype": name, "size": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset(),
-                "device": str(t.device), "grad": bool(t.requires_grad)}
+                "device": str(t.device), "grad": bool(t.requires_grad and t.is_leaf)}
         if t.device.type == "meta":
             return meta
         cpu = t.detach() if t.device.type == "cpu" else t.detach().cpu()
@@ -180,6 +189,15 @@ class Encoder:
                 state[name] = getattr(value, name)
         return {"o": _qualified(type(value)), "state": [[k, self(v, depth + 1)] for k, v in state.items()],
                 "id": number}
+
+
+def _is_data(value: Any) -> bool:
+    """True for what the Encoder sends as data (containers, tensors, arrays, generators, the package's objects)."""
+    kind = type(value)
+    return (kind in (list, tuple, set, frozenset, dict, torch.Tensor, torch.nn.Parameter, torch.Generator)
+            or (kind is np.ndarray and value.dtype.kind in _NUMERIC_NP)
+            or (bool(_PACKAGES.match(kind.__module__ or "")) and not isinstance(value, BaseException))
+            or not callable(value))
 
 
 def _needs_handle(value: Any) -> bool:
@@ -225,13 +243,23 @@ class Decoder:
     """Builds values from Encoder's data. ``shared`` maps key -> the local object sent by reference."""
 
     def __init__(self, shared: Mapping[str, Any] | None = None, handles: Mapping[str, Any] | None = None,
-                 callbacks: Callable[[dict], Callback] | None = None):
+                 callbacks: Callable[[dict], Callback] | None = None, originals: Mapping[int, Any] | None = None):
         self.shared = dict(shared or {})
+        self.originals = originals or {}  # number -> what this side sent under it (an "orig" comes back as it)
         self.handles = handles  # the grader's: key -> the object it handed over
         self.callbacks = callbacks  # the kernel's: handle data -> its proxy
         self.objects: dict[int, Any] = {}
 
     def __call__(self, data: Any, depth: int = 0) -> Any:
+        out = self._decode(data, depth)
+        if type(data) is dict and "orig" in data:  # this side's own object, as the other side left it
+            original = self.originals.get(data["orig"]) if type(data["orig"]) is int else None
+            if original is not None and original is not out and update_in_place(original, out) is original:
+                self.objects[data.get("id")] = original
+                return original
+        return out
+
+    def _decode(self, data: Any, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise ChannelError(f"nested more than {MAX_DEPTH} levels deep")
         if data is None or type(data) in (bool, str, int):
@@ -505,7 +533,7 @@ def update_in_place(old: Any, new: Any, seen: dict[int, Any] | None = None) -> A
         old.set_state(new.get_state())
         return old
     if type(old) is type(new) and _PACKAGES.match(type(old).__module__ or "") and hasattr(old, "__dict__") \
-            and not isinstance(old, tuple):
+            and not isinstance(old, (tuple, enum.Enum)) and not _frozen(old):
         seen[id(new)] = old
         for name, value in vars(new).items():
             current = vars(old).get(name, _NONE)
@@ -514,6 +542,12 @@ def update_in_place(old: Any, new: Any, seen: dict[int, Any] | None = None) -> A
             object.__delattr__(old, name)
         return old
     return new
+
+
+def _frozen(value: Any) -> bool:
+    """A frozen dataclass: never changed in place (a learner's copy cannot rewrite the grader's constants)."""
+    params = getattr(type(value), "__dataclass_params__", None)
+    return bool(params is not None and params.frozen)
 
 
 def substitute(value: Any, seen: Mapping[int, Any], depth: int = 0) -> Any:
@@ -526,12 +560,16 @@ def substitute(value: Any, seen: Mapping[int, Any], depth: int = 0) -> Any:
         value[:] = [substitute(v, seen, depth + 1) for v in value]
     elif type(value) is tuple:
         return tuple(substitute(v, seen, depth + 1) for v in value)
-    elif type(value) is dict:
-        for k in list(value):
-            value[k] = substitute(value[k], seen, depth + 1)
+    elif type(value) is dict:  # keys too: a dict keyed by the requests passed in stays keyed by them
+        items = [(substitute(k, seen, depth + 1), substitute(v, seen, depth + 1)) for k, v in value.items()]
+        value.clear()
+        value.update(items)
+    elif type(value) in (set, frozenset):
+        return type(value)(substitute(v, seen, depth + 1) for v in value)
     elif isinstance(value, tuple) and hasattr(type(value), "_fields"):
         return type(value)._make(substitute(v, seen, depth + 1) for v in value)
-    elif hasattr(value, "__dict__") and _PACKAGES.match(type(value).__module__ or ""):
+    elif hasattr(value, "__dict__") and _PACKAGES.match(type(value).__module__ or "") \
+            and not isinstance(value, (enum.Enum, torch.nn.Module)):
         for name, v in list(vars(value).items()):
             object.__setattr__(value, name, substitute(v, seen, depth + 1))
     return value

@@ -1,4 +1,5 @@
-"""Instruments a check runs a learner's function under: fixed uniforms, counted kernel loads.
+"""Instruments a check runs a learner's function under: fixed uniforms, counted kernel loads, counted torch
+calls, silenced warnings.
 
 They change how the function's own process behaves (``torch.rand`` returns a fixed value; the Triton interpreter
 counts loads), so when cohort grading runs the function in a sandboxed kernel (``specdec.course.trusted``) the same
@@ -9,6 +10,7 @@ grader's proxy enters the same instruments around the call in the kernel and add
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +95,48 @@ def loads_counted(watched: dict[str, torch.Tensor], on_cpu: bool = True) -> Iter
         InterpreterBuilder.create_masked_load = original
 
 
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No warnings on stderr (the Triton interpreter's numpy on log(0) or an overflow): a graded cell must stay quiet."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"), _listed("quiet", {}):
+        warnings.simplefilter("ignore")
+        yield
+
+
+class _Paused:
+    depth = 0
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside, :func:`torch_calls` counts nothing: the grader's own work around a call into the sandbox (encoding
+    the arguments) is not the learner's."""
+    _Paused.depth += 1
+    try:
+        yield
+    finally:
+        _Paused.depth -= 1
+
+
+@contextlib.contextmanager
+def torch_calls() -> Iterator[dict[str, int]]:
+    """Counts, by name, the torch functions and tensor methods called while inside (to spot Python loops, or a tensor
+    turned into Python values). Yields the counts."""
+    from torch.overrides import TorchFunctionMode
+
+    counts: dict[str, int] = {}
+
+    class Count(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not _Paused.depth:
+                name = getattr(func, "__name__", str(func))
+                counts[name] = counts.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Count(), _listed("torch_calls", {}, counts):
+        yield counts
+
+
 def enter(stack: contextlib.ExitStack, name: str, params: dict[str, Any]) -> dict[str, int] | None:
     """Enter the instrument ``name`` (as listed in ACTIVE elsewhere) on ``stack``; what it will measure, if anything."""
     if name == "fixed_uniforms":
@@ -100,4 +144,9 @@ def enter(stack: contextlib.ExitStack, name: str, params: dict[str, Any]) -> dic
         return None
     if name == "loads_counted":
         return stack.enter_context(loads_counted(params["watched"]))
+    if name == "quiet":
+        stack.enter_context(quiet())
+        return None
+    if name == "torch_calls":
+        return stack.enter_context(torch_calls())
     raise ValueError(f"unknown instrument {name!r}")

@@ -38,6 +38,11 @@ class _Context:
     shared: dict[str, Any] = {}
     connection: socket.socket | None = None
     proxies: dict[str, channel.Callback] = {}
+    originals: dict[int, Any] = {}  # the call's objects as decoded here, by the grader's numbers
+
+
+def _origins() -> dict[int, int]:
+    return {id(v): n for n, v in _Context.originals.items()}
 
 
 def _proxy(data: dict) -> channel.Callback:
@@ -50,16 +55,22 @@ def _proxy(data: dict) -> channel.Callback:
 
 def _ask(key: str, op: str, name: str, args: tuple, kwargs: dict) -> Any:
     """Ask the grader to run one operation on the object behind handle ``key`` (see ``channel.Callback``)."""
+    with instruments.paused():  # the channel's own torch calls are not the learner's
+        return _ask_grader(key, op, name, args, kwargs)
+
+
+def _ask_grader(key: str, op: str, name: str, args: tuple, kwargs: dict) -> Any:
     if _Context.connection is None:
         raise RuntimeError("the grader's objects answer only while the grader runs a test")
     shared_ids = {id(v): k for k, v in _Context.shared.items()}
-    call = channel.Encoder(shared_ids)({"args": list(args), "kwargs": dict(kwargs), "rng": torch.get_rng_state(),
-                                        "py_random": random.getstate()})
+    call = channel.Encoder(shared_ids, origins=_origins())({
+        "args": list(args), "kwargs": dict(kwargs), "rng": torch.get_rng_state(), "py_random": random.getstate(),
+        "grad": torch.is_grad_enabled()})
     channel.send(_Context.connection, json.dumps({"callback": {"h": key, "op": op, "name": name, "call": call}}))
     answer = channel.receive(_Context.connection)
     if answer is None:
         raise RuntimeError("the grader closed the connection")
-    outcome = channel.Decoder(_Context.shared, callbacks=_proxy)(answer)
+    outcome = channel.Decoder(_Context.shared, callbacks=_proxy, originals=_Context.originals)(answer)
     seen: dict[int, Any] = {}
     for old, new in zip(args, outcome.get("args", [])):
         channel.update_in_place(old, new, seen)
@@ -124,7 +135,9 @@ def serve(message: dict) -> str:
     """Run the call in ``message``; what happened, as the grader's answer."""
     shared = _shared(message["shared"])
     _Context.shared = shared
-    request = channel.Decoder(shared, callbacks=_proxy)(message["call"])
+    decoder = channel.Decoder(shared, callbacks=_proxy)
+    request = decoder(message["call"])
+    _Context.originals = decoder.objects  # the grader's objects, by its numbers: they go back as themselves
     name, grid = request["target"]
     fn = _namespace()[name]
     if grid is not None:
@@ -133,6 +146,7 @@ def serve(message: dict) -> str:
     random.setstate(request["py_random"])
     outcome: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.set_grad_enabled(bool(request.get("grad", True))))
         measured = [instruments.enter(stack, n, params) for n, params in request["instruments"]]
         try:
             outcome["result"] = fn(*request["args"], **request["kwargs"])
@@ -143,7 +157,7 @@ def serve(message: dict) -> str:
                                  "cause": type(err.__cause__).__name__ if err.__cause__ else ""}
     outcome.update(args=request["args"], kwargs=request["kwargs"], rng=torch.get_rng_state(),
                    py_random=random.getstate(), measured=measured)
-    encoder = channel.Encoder({id(v): k for k, v in shared.items()})
+    encoder = channel.Encoder({id(v): k for k, v in shared.items()}, origins=_origins())
     try:
         return json.dumps({"answer": encoder(outcome)}, allow_nan=False)
     except (channel.ChannelError, ValueError) as err:

@@ -161,6 +161,7 @@ class Grader:
         os.chown(self.socket_path, sandbox.UID, sandbox.UID)
         self.server.listen(1)
         self.conn: socket.socket | None = None  # the kernel's side of the session now open
+        self.sent: dict[int, Any] = {}  # the objects the call now running sent into the kernel, by number
         self.session_id = ""  # the execute request that runs the kernel's session
 
     def close(self) -> None:
@@ -289,19 +290,22 @@ class Grader:
             target = self.handles.get(message.get("h"))
             if target is None:
                 raise channel.ChannelError(f"unknown handle {message.get('h')!r}")
-            call = channel.Decoder(self.shared, handles=self.handles)(message["call"])
+            call = channel.Decoder(self.shared, handles=self.handles, originals=self.sent)(message["call"])
             args, kwargs, name = call["args"], call["kwargs"], str(message.get("name", ""))
             torch.set_rng_state(call["rng"])
             random.setstate(call["py_random"])
+            grad = bool(call.get("grad", True))
         except Exception as err:  # a malformed or forged message: the learner's call fails, nothing runs here
             return channel.dumps({"raised": {"type": "RuntimeError", "message": f"the grader refused a callback: {err}"}})
         outcome: dict[str, Any] = {}
         try:
-            outcome["result"] = _operate(target, message["op"], name, args, kwargs)
+            with torch.set_grad_enabled(grad):  # the learner's code may run under no_grad: so does the callback
+                outcome["result"] = _operate(target, message["op"], name, args, kwargs)
         except Exception as err:  # raised in the kernel as the same kind of error
             outcome["raised"] = {"type": type(err).__name__, "message": str(err)[:4000]}
         outcome.update(args=args, kwargs=kwargs, rng=torch.get_rng_state(), py_random=random.getstate())
-        encoder = channel.Encoder({id(v): k for k, v in self.shared.items()}, handle=self._handle)
+        encoder = channel.Encoder({id(v): k for k, v in self.shared.items()}, handle=self._handle,
+                                  origins={id(v): n for n, v in self.sent.items()})
         try:
             return json.dumps(encoder(outcome), allow_nan=False).encode()
         except (channel.ChannelError, ValueError) as err:
@@ -326,17 +330,23 @@ class Grader:
 
     def call(self, name: str, grid: Any, args: tuple, kwargs: dict) -> Any:
         """Run the learner's ``name`` on these arguments in the kernel; its result, or its exception raised here."""
+        with instruments.paused():  # the grader's own torch calls around the learner's are not the learner's
+            return self._call(name, grid, args, kwargs)
+
+    def _call(self, name: str, grid: Any, args: tuple, kwargs: dict) -> Any:
         shared_ids = {id(v): k for k, v in self.shared.items()}
         call = {"target": [name, grid], "args": list(args), "kwargs": dict(kwargs), "rng": torch.get_rng_state(),
-                "py_random": random.getstate(),
+                "py_random": random.getstate(), "grad": torch.is_grad_enabled(),
                 "instruments": [[n, params] for n, params, _ in instruments.ACTIVE]}
+        encoder = channel.Encoder(shared_ids, handle=self._handle)
         try:
-            encoded = channel.Encoder(shared_ids, handle=self._handle)(call)
+            encoded = encoder(call)
         except channel.ChannelError as err:
             raise TypeError(f"the grader could not send the arguments of {name} into the sandbox: {err}") from None
+        self.sent = encoder.objects  # what this call sent, by number: it comes back as itself, changed in place
         answer = self._exchange({"op": "serve", "shared": list(self.shared), "call": encoded})
         try:
-            outcome = channel.Decoder(self.shared, handles=self.handles)(answer)
+            outcome = channel.Decoder(self.shared, handles=self.handles, originals=self.sent)(answer)
         except channel.ChannelError as err:
             raise TypeError(f"{name} returned something the grader cannot read: {err}") from None
         if not isinstance(outcome, dict) or not {"args", "kwargs", "rng", "measured"} <= set(outcome):
