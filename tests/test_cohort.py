@@ -157,8 +157,15 @@ def test_tampering_is_flagged_and_cannot_reach_the_course(graded):
 def test_an_answer_that_imports_the_reference_is_flagged_for_the_instructor(graded):
     totals, _ = graded
     row = totals["calls_reference"]
-    assert row["flagged"] == "True" and _score(totals, "calls_reference") == FULL
+    assert row["flagged"] == "True"
     assert "calls the reference: greedy_verify: imports greedy_verify from specdec.greedy" in row["messages"]
+    if UNSAFE:  # no sandbox here: the reference answers, and only the flag tells
+        assert _score(totals, "calls_reference") == FULL
+        return
+    # In the sandbox the graded notebook's reference answers the package's code only: greedy_verify and the loop
+    # that calls it score 0, round_shapes and the batched verifier (written by the learner) keep their points.
+    assert row["needs_review"] == "True" and "withheld" in row["messages"], row
+    assert _score(totals, "calls_reference") == 5.0
 
 
 def test_outputs_grades_summary_and_feedback(graded):

@@ -98,6 +98,12 @@ ATTACKS = {
         "    try: open(os.path.join(d, 'specdec-attack'), 'w').write('x')\n"
         "    except OSError: pass"), 0),
     "false_note": (_correct_with("print('DeadKernelError: the kernel died')"), FULL),
+    "helper_replaced": (_blank_with(
+        "import socket, types\n"
+        "def _forged_session(path):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.connect(path)\n"
+        "    s.sendall((9).to_bytes(8, 'big') + b'{\"a\": 1}')  # an answer of its own, unasked\n"
+        "__specdec_grader__ = types.SimpleNamespace(session=_forged_session)"), 0),
 }
 HONEST = {f"honest_{n}": (read(source_path(SLUG)), FULL) for n in range(3)} | {"honest_blank": (read(student_path(SLUG)), 0)}
 
@@ -153,6 +159,12 @@ def test_nothing_outlives_the_run_or_escapes_the_sandbox(attacked):
     for leftover in ("/tmp/specdec-attack", "/dev/shm/specdec-attack", "/root/specdec-attack", "/etc/specdec-attack"):
         assert not os.path.exists(leftover), f"a submission wrote {leftover} on the host"
     assert not os.path.exists(MARKER), "a submission's process outlived its sandbox"
+
+
+def test_a_replaced_grader_helper_is_held_for_review(attacked):
+    totals, *_ = attacked
+    row = totals["helper_replaced"]
+    assert row["needs_review"] == "True" and "replaced the grader's helper" in row["messages"], row
 
 
 def test_a_reference_call_is_evidence_not_silence(attacked):

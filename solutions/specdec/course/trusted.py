@@ -63,6 +63,13 @@ class SandboxedKernelManager(AsyncKernelManager):
                "IPYTHONDIR": str(own / "ipython")}
         return sandbox.command(own, Path(conf["build"]), cmd, limits, env)
 
+    async def interrupt_kernel(self) -> None:  # type: ignore[override]
+        """bubblewrap passes no signal on to the kernel it runs, so SIGINT would never arrive: ask the kernel to
+        interrupt itself (ipykernel's interrupt_request), as a kernel with interrupt_mode "message" is asked."""
+        if self.has_kernel:
+            self._connect_control_socket()
+            self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
+
 
 class RemoteError(Exception):
     """An exception the learner's function raised in the sandbox, of a kind that has no builtin name."""
@@ -270,13 +277,13 @@ class Grader:
                     self.conn = None
                     self._drain(wait=1.0)
                     raise RuntimeError("the kernel gave no answer (was the grader's helper in the kernel replaced?)")
-                if not isinstance(reply, dict):
-                    raise channel.ChannelError("a malformed answer")
-                if "callback" in reply:
+                if isinstance(reply, dict) and "callback" in reply:
                     conn.settimeout(None)
                     channel.send(conn, self._callback(reply["callback"]))
                     continue
-                return reply.get("answer")
+                if not isinstance(reply, dict) or "answer" not in reply:
+                    raise channel.ChannelError("a malformed answer (was the grader's helper in the kernel replaced?)")
+                return reply["answer"]
         except (OSError, channel.ChannelError):
             if self.conn is not None:
                 self._interrupt()
