@@ -311,7 +311,8 @@ def _held(sub: Submission, log: str, autograded: Path) -> None:
     """Evidence the sandbox leaves: a call of a withheld reference, the grader's helper in the kernel replaced."""
     text = log + (autograded.read_text() if autograded.exists() else "")
     for marker, why in ((WITHHELD, "called a reference that is withheld while grading"),
-                        ("was the grader's helper in the kernel replaced", "replaced the grader's helper in its kernel")):
+                        ("was the grader's helper in the kernel replaced",
+                         "replaced the grader's helper in its kernel, or kept it from running")):
         if marker in text:
             sub.needs_review = True
             sub.messages.append(f"held for review: the submission {why}")

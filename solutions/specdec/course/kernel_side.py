@@ -1,8 +1,11 @@
-"""The grader's hands inside a sandboxed kernel: run one call of a learner's function, describe a name.
+"""The grader's hands inside a sandboxed kernel: a session per test cell that describes the learner's names and runs
+their functions on the grader's inputs, and the stand-ins (``channel.Callback``) through which those functions reach
+what the grader handed over.
 
 Imported into the kernel by ``specdec.course.trusted`` before the notebook runs. Nothing here decides a score: the
 trusted grader, outside the sandbox, sends the inputs, reads what comes back through ``specdec.course.channel`` (which
-rebuilds only data) and judges it. A submission that replaces this module can only send back wrong answers.
+rebuilds only data) and judges it. A submission that replaces this module can only send back wrong answers, and a
+grader that gets no answer, or a malformed one, holds the submission for review.
 """
 
 from __future__ import annotations
@@ -83,12 +86,11 @@ def _ask_grader(key: str, op: str, name: str, args: tuple, kwargs: dict) -> Any:
     if "raised" in outcome:
         kind = getattr(builtins, str(outcome["raised"].get("type")), None)
         message = str(outcome["raised"].get("message", ""))
+        error: Exception = RuntimeError(f"{outcome['raised'].get('type')}: {message}")
         if isinstance(kind, type) and issubclass(kind, Exception):
-            try:
-                raise kind(message)
-            except TypeError:  # an exception class whose constructor wants more
-                pass
-        raise RuntimeError(f"{outcome['raised'].get('type')}: {message}")
+            with contextlib.suppress(TypeError):  # an exception class whose constructor wants more
+                error = kind(message)
+        raise error
     return channel.substitute(outcome.get("result"), seen)
 
 

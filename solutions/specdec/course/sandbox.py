@@ -39,7 +39,6 @@ def __getattr__(name):
 '''
 
 
-
 @dataclass(frozen=True)
 class Limits:
     cpu_s: int = 900

@@ -274,9 +274,7 @@ class Grader:
                     self._check_time()
                     continue
                 if reply is None:
-                    self.conn = None
-                    self._drain(wait=1.0)
-                    raise RuntimeError("the kernel gave no answer (was the grader's helper in the kernel replaced?)")
+                    raise self._lost("it closed the connection without an answer")
                 if isinstance(reply, dict) and "callback" in reply:
                     conn.settimeout(None)
                     channel.send(conn, self._callback(reply["callback"]))
@@ -284,10 +282,24 @@ class Grader:
                 if not isinstance(reply, dict) or "answer" not in reply:
                     raise channel.ChannelError("a malformed answer (was the grader's helper in the kernel replaced?)")
                 return reply["answer"]
-        except (OSError, channel.ChannelError):
+        except (OSError, channel.ChannelError) as err:
             if self.conn is not None:
                 self._interrupt()
-            raise
+            if isinstance(err, channel.ChannelError):
+                raise
+            raise self._lost(str(err)) from None
+
+    def _lost(self, detail: str) -> RuntimeError:
+        """Why the session's connection went: the kernel died (an exit or a crash in the learner's code), or something
+        in the kernel closed it (the grader's helper replaced: evidence for review)."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        for _ in range(20):  # a kernel that exits closes the connection a moment before it is seen gone
+            if not self.alive():
+                return RuntimeError("the kernel died while running the learner's function")
+            time.sleep(0.05)
+        return RuntimeError(f"the kernel gave no answer: {detail} (was the grader's helper in the kernel replaced?)")
 
     def _callback(self, message: Any) -> bytes | str:
         """Run one operation on a handed-over object, here, on data the kernel sent; its outcome as data."""
