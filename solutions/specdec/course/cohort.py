@@ -574,8 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-mb", type=int, default=8192, help="address-space limit per grading process and its "
                                                                    "kernel, in MB (default 8192)")
     parser.add_argument("--unsafe-no-sandbox", action="store_true",
-                        help="grade even where the sandbox cannot start (only for submissions you trust: their code "
-                             "then runs with the grader's rights and can change its own score)")
+                        help="grade without the sandbox, also where it can start (only for submissions you trust: their "
+                             "code then runs with the grader's rights and can change its own score)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the results are in --out)")
     parser.add_argument("--shard", type=parse_shard, metavar="K/N",
                         help="grade only shard K of N (students split by a hash of their name; 0 <= K < N) and "
@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         scratch_root = Path(tmp)
         template, release = prepare(sorted({s.assignment for s in subs}), scratch_root)
         say(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
-        why_not = sandbox.available()
+        why_not = "asked for" if args.unsafe_no_sandbox else sandbox.available()
         if why_not and not args.unsafe_no_sandbox:
             print(f"cohort: cannot grade untrusted submissions: {why_not}. Install it (apt-get install bubblewrap) "
                   "or, for submissions you trust, pass --unsafe-no-sandbox", file=sys.stderr)
