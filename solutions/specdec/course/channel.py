@@ -45,7 +45,7 @@ _NUMERIC_NP = set("biufc")  # numpy kinds: bool, int, uint, float, complex (neve
 _PACKAGES = re.compile(r"^(specdec|torch\.nn)(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 #: Modules the sandbox does not have (``specdec.course.sandbox.WITHHELD``) or must not build from a message.
 _TRUSTED_ONLY = re.compile(r"^specdec\.(checks|mistakes|course)(\.|$)")
-_ATTRIBUTE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+PUBLIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 class ChannelError(ValueError):
@@ -409,7 +409,7 @@ class Callback:
         return self._ask(self._key, "call", "", args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if not _ATTRIBUTE.fullmatch(name):
+        if not PUBLIC_NAME.fullmatch(name):
             raise AttributeError(name)
         if name in self._methods:
             return lambda *args, **kwargs: self._ask(self._key, "method", name, args, kwargs)
@@ -438,7 +438,7 @@ def public_methods(value: Any) -> list[str]:
     """The names a :class:`Callback` for value calls as methods in one exchange: public functions of its class."""
     if isinstance(value, (types.FunctionType, types.MethodType, type, types.BuiltinFunctionType)):
         return []
-    return sorted(name for name in dir(type(value)) if _ATTRIBUTE.fullmatch(name)
+    return sorted(name for name in dir(type(value)) if PUBLIC_NAME.fullmatch(name)
                   and isinstance(getattr(type(value), name, None), (types.FunctionType, staticmethod, classmethod)))
 
 

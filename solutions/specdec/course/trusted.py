@@ -135,7 +135,7 @@ def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
     if op == "call":
         return target(*args, **kwargs)
     if op in ("method", "getattr"):
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        if not channel.PUBLIC_NAME.fullmatch(name):
             raise AttributeError(f"{name!r}: only public attributes of the grader's objects can be read")
         value = getattr(target, name)
         if isinstance(value, type(sys)):
