@@ -164,6 +164,17 @@ def test_notebook_04_runs_clean(lab, browser):
     page.close()
 
 
+def _accepts_connections(port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
 def test_make_lab_serves_the_course_on_loopback_with_a_token(tmp_path):
     """`make lab` as a learner runs it: loopback only, a token required, the notebooks in course order."""
     port = _free_port()
@@ -180,6 +191,8 @@ def test_make_lab_serves_the_course_on_loopback_with_a_token(tmp_path):
                 break
             time.sleep(0.5)
         assert token, "make lab printed no loopback URL with a token:\n" + log.read_text()[-2000:]
+        # Jupyter prints its URL before its event loop binds the port: wait for the bind, not for the print.
+        assert _accepts_connections(port, seconds=60), "make lab printed its URL but never listened:\n" + log.read_text()[-2000:]
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=5)
         assert refused.value.code == 403
