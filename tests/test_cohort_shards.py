@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kubernetes_validate
 import nbformat
 import pytest
 import yaml
@@ -127,3 +128,27 @@ def test_cluster_manifests_run_one_shard_per_index():
     assert "specdec.course.cohort merge" in merge_job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     sbatch = (CLUSTER / "cohort-array.sbatch").read_text()
     assert "#SBATCH --array=0-" in sbatch and '--shard "$K/$N"' in sbatch
+
+
+#: Kubernetes versions the manifests must be valid for: 1.30 (their backoffLimitPerIndex is beta from 1.29, where
+#: it is on by default; 1.27's schemas reject it) and the newest schemas the validator bundles.
+KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+
+@pytest.mark.parametrize("manifest", ["indexed-job.yaml", "merge-job.yaml"])
+def test_cluster_manifests_are_valid_kubernetes(manifest):
+    """Each manifest against Kubernetes' own OpenAPI schemas (offline, strict: an unknown field is an error)."""
+    resource = yaml.safe_load((CLUSTER / manifest).read_text())
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(resource, version, strict=True)
+
+
+def test_manifest_validation_catches_a_misspelt_field_and_a_wrong_type():
+    job = yaml.safe_load((CLUSTER / "indexed-job.yaml").read_text())
+    misspelt = copy.deepcopy(job)
+    misspelt["spec"]["completionMod"] = misspelt["spec"].pop("completionMode")
+    wrong_type = copy.deepcopy(job)
+    wrong_type["spec"]["parallelism"] = "three"
+    for broken, why in ((misspelt, "'completionMod' was unexpected"), (wrong_type, "'three' is not of type")):
+        with pytest.raises(kubernetes_validate.ValidationError, match=why):
+            kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[-1], strict=True)

@@ -142,10 +142,11 @@ def test_reference_kernels_compile_for_a_gpu():
     """Triton's compiler front end accepts every kernel for an sm_90 target (no GPU needed), so the
     interpreter-tested kernels also run compiled; a kernel the compiler rejects is reported."""
     from specdec import kernels
-    from specdec.checks.kernels import SIGNATURES, compile_error
+    from specdec.bench.compiled import KERNELS
+    from specdec.checks.kernels import compile_error
     from specdec.mistakes.kernels import _edited
 
-    for name in SIGNATURES:
+    for name in KERNELS:
         assert compile_error(getattr(kernels, name), name) is None, name
     broken = _edited(kernels.race_kernel, "int_start", ('best, best_col = -float("inf"), 0', "best, best_col = 0, 0"))
     assert "Loop-carried variable best" in compile_error(broken, "race_kernel")

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
-import os
-import subprocess
-import sys
 import traceback
 from collections.abc import Callable, Iterator
 
 import torch
 
 from specdec import kernels as ref
+from specdec.bench import compiled
 from specdec.checks.core import CheckFailure
 from specdec.course import instruments
 from specdec.kernels import device
@@ -473,77 +470,12 @@ def _head(row: torch.Tensor) -> str:
 
 # -- would it compile on a GPU? ---------------------------------------------------------------------------------
 
-#: Argument types and compile-time constants the launchers use, per kernel (a Hopper GPU as the target).
-SIGNATURES = {
-    "race_kernel": ({"w_ptr": "*fp32", "e_ptr": "*fp32", "out_ptr": "*i64", "V": "i32", "BLOCK_V": "constexpr"},
-                    {"BLOCK_V": 1024}),
-    "logsumexp_kernel": ({"x_ptr": "*fp32", "out_ptr": "*fp32", "V": "i32", "BLOCK_V": "constexpr"}, {"BLOCK_V": 1024}),
-    "verify_chain_kernel": ({"p_ptr": "*fp32", "q_ptr": "*fp32", "draft_ptr": "*i64", "u_ptr": "*fp32", "e_ptr": "*fp32",
-                             "greedy_ptr": "*i32", "tokens_ptr": "*i64", "counts_ptr": "*i64", "V": "i32",
-                             "GAMMA": "constexpr", "BLOCK_V": "constexpr"}, {"GAMMA": 4, "BLOCK_V": 1024}),
-    "tree_attention_kernel": ({"q_ptr": "*fp32", "k_ptr": "*fp32", "v_ptr": "*fp32", "mask_ptr": "*i8", "out_ptr": "*fp32",
-                               "N": "i32", "L": "i32", "D": "i32", "scale": "fp32", "BLOCK_K": "constexpr",
-                               "BLOCK_D": "constexpr"}, {"BLOCK_K": 64, "BLOCK_D": 64}),
-}
-
-# Runs in a fresh interpreter with TRITON_INTERPRET=0: Triton's front end turns the kernel into
-# its GPU intermediate representation (TTIR) for an sm_90 target, with no GPU needed. What the
-# interpreter forgives and the compiler does not (a loop variable that changes type, break,
-# Python objects in the kernel) fails here.
-_COMPILE = r"""
-import json, linecache, os, sys
-os.environ["TRITON_INTERPRET"] = "0"
-request = json.load(sys.stdin)
-try:
-    import triton, triton.language as tl
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import CUDABackend
-    from triton.compiler import ASTSource
-except Exception as err:  # no NVIDIA back end in this Triton build: nothing to check
-    print(json.dumps({"skipped": repr(err)})); sys.exit(0)
-name = "<" + request["name"] + ">"
-linecache.cache[name] = (len(request["source"]), None, request["source"].splitlines(True), name)
-namespace = {"triton": triton, "tl": tl}
-try:
-    exec(compile(request["source"], name, "exec"), namespace)
-except NameError as err:  # the kernel's cell uses names from elsewhere in the notebook: cannot check alone
-    print(json.dumps({"skipped": repr(err)})); sys.exit(0)
-signature, constants = request["signature"], request["constants"]
-source = ASTSource(namespace[request["name"]], signature, {(list(signature).index(k),): v for k, v in constants.items()})
-target = GPUTarget("cuda", 90, 32)
-backend = CUDABackend(target)
-options = backend.parse_options({})
-context = ir.context(); ir.load_dialects(context); backend.load_dialects(context)
-try:
-    source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
-except Exception as err:
-    message = str(err)
-    if "is not defined" in message:  # a helper defined in another cell: cannot check alone
-        print(json.dumps({"skipped": message[-300:]})); sys.exit(0)
-    print(json.dumps({"error": message.strip()[-1200:]})); sys.exit(0)
-print(json.dumps({"ok": True}))
-"""
-
-
 def compile_error(kernel: Callable, name: str) -> str | None:
-    """Why Triton's compiler front end rejects the kernel for a GPU, or None (also when it cannot tell)."""
-    try:
-        source = inspect.getsource(kernel.fn)
-    except (OSError, TypeError):  # a kernel graded from outside its sandbox carries its source (trusted.Remote)
-        source = getattr(kernel, "src", None)
-        if not isinstance(source, str):
-            return None
-    signature, constants = SIGNATURES[name]
-    request = json.dumps({"name": kernel.fn.__name__, "source": source, "signature": signature, "constants": constants})
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    try:
-        done = subprocess.run(instruments.untrusted_command([sys.executable, "-c", _COMPILE], {"TRITON_INTERPRET": "0"}),
-                              input=request, capture_output=True, text=True, timeout=120, env=env)
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
-        return None
-    return answer.get("error")
+    """Why Triton's compiler front end rejects the kernel for a GPU (its IR for sm_90), or None (also when it cannot
+    tell). What the interpreter forgives and the compiler does not (a loop variable that changes type, ``break``,
+    Python objects in the kernel) fails here. Compiled in the learner's sandbox when grading a cohort."""
+    return compiled.run_compiler({name: kernel}, "ir", (90,), wrap=instruments.untrusted_command, timeout=120)[name].get(
+        "error")
 
 
 def expect_compiles(kernel: Callable, name: str) -> None:
