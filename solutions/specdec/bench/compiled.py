@@ -259,13 +259,16 @@ def report(kernels: dict[str, Callable], answers: dict[str, dict] | None = None
 
 def format_report(rows: list[ReportRow], missing: dict[str, str] | None = None) -> str:
     """The report as a table, one line per kernel and GPU, then the kernels that did not compile."""
-    lines = [f"{'kernel':<22} {'GPU':<10} {'arch':<6} {'regs':>4} {'spills':>7} {'smem':>6}  {'loaded MB':>9} "
-             f"{'unique MB':>9} {'floor us':>8}  shape"]
+    header = (f"{'kernel':<22} {'GPU':<10} {'arch':<6} {'regs':>4} {'spills':>7} {'smem':>6}  {'loaded MB':>9} "
+              f"{'unique MB':>9} {'floor us':>8}  shape")
+    lines = [header] if rows else []
     for r in rows:
         lines.append(f"{r.kernel:<22} {r.gpu:<10} {r.arch:<6} {r.registers:>4} {r.spill_bytes:>6}B {r.shared_memory:>5}B"
                      f"  {r.loaded_bytes / 1e6:>9.2f} {r.unique_bytes / 1e6:>9.2f} {r.floor_us:>8.2f}  {r.shape}")
     for name, why in (missing or {}).items():
-        lines.append(f"{name}: not compiled. {why.splitlines()[-1] if why.strip() else why}")
+        if "NotImplementedError" in why:
+            why = "not written yet (its skeleton raises NotImplementedError)"
+        lines.append(f"{name}: no cubin. {why.strip().splitlines()[-1] if why.strip() else 'not compiled'}")
     return "\n".join(lines)
 
 
