@@ -14,7 +14,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test nbval test-ui release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
@@ -27,6 +27,7 @@ help:
 	@echo "make test     set up on first use, then run the whole test suite"
 	@echo "make nbval    run instructor notebooks top to bottom in-process (NB=05 for one; authors)"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
+	@echo "make test-cluster  grade a small cohort on a private one-node Slurm (Debian's slurm-wlm and munge, installed if absent; root)"
 	@echo "make reset NB=05  start a notebook again from its blank version (yours is kept in notebooks/.backup/)"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
@@ -42,6 +43,7 @@ help:
 	@echo "make bench-eagle3-notebook  re-measure notebook 13's copy into data/bench/nb13_drafters.json"
 	@echo "make bench-cohort  time cohort grading of 100 mixed submissions of notebook 02 (2 workers)"
 	@echo "make bench-kernels  time the Triton verifier on a GPU against PyTorch and the bandwidth floor"
+	@echo "make gpu-check  everything that needs a GPU in one run (about a minute) into artifacts/gpu-check.json; without one, the kernels' compile report"
 	@echo "make bench-cells  time every graded test cell of the instructor notebooks (one thread; budget 10 s each)"
 	@echo "make clean    remove grading reports and caches; distclean also removes $(VENV)"
 
@@ -67,7 +69,7 @@ lab: $(STAMP)
 		$(if $(filter no,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP) $(SANDBOX_STAMP)
-	$(BIN)/ruff check solutions tests tests_ui
+	$(BIN)/ruff check solutions tests tests_ui tests_cluster
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 nbval: $(STAMP)
@@ -81,6 +83,12 @@ $(UI_STAMP): $(STAMP)
 test-ui: $(UI_STAMP)
 	@test -x "$${CHROMIUM:-/usr/bin/chromium}" || { echo "make test-ui needs Debian's Chromium: apt-get install chromium (or CHROMIUM=path)"; exit 2; }
 	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" tests_ui
+
+# grader/cluster/'s Slurm scripts on a real scheduler: tests_cluster/ starts munged, slurmctld and slurmd itself.
+test-cluster: $(STAMP) $(SANDBOX_STAMP)
+	@command -v slurmctld >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
+	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" $(PYTEST_ARGS) tests_cluster
 
 release: $(STAMP)
 	$(BIN)/python -m specdec.course.release
@@ -141,6 +149,11 @@ bench-cohort: $(STAMP)
 
 bench-kernels: $(STAMP)
 	$(BIN)/python -m specdec.bench.kernels
+
+# The kernels compiled for sm_80 and sm_90, then (on a CUDA GPU) run against their references, timed, and the engines
+# checked on the GPU: one JSON report.
+gpu-check: $(STAMP)
+	$(BIN)/python -m specdec.bench.gpu_check --out artifacts/gpu-check.json
 
 bench-cells: $(STAMP)
 	$(BIN)/python -m specdec.bench.cells $(NB)

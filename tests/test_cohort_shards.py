@@ -117,6 +117,36 @@ def test_merge_names_missing_duplicated_and_foreign_shards(tmp_path, capsys):
     assert "no shard.json" in capsys.readouterr().err
 
 
+def test_rerun_of_a_shard_replaces_its_folder(tmp_path, monkeypatch, capsys):
+    """A shard's rerun first removes what its earlier run wrote: stopped half-way (a cancelled task), it leaves a
+    shard that merge refuses; finished, the folder holds its own results only."""
+    folder, others = tmp_path / "shard-1", [tmp_path / "shard-0", tmp_path / "shard-2"]
+    for k, shard in enumerate([others[0], folder, others[1]]):
+        shard.mkdir()
+        cohort.write_outputs([], [], shard)
+        cohort.write_shard([], [f"zed/{SLUG}: from the earlier run"] if k == 1 else [], (k, SHARDS), shard)
+    (folder / "feedback" / "zed").mkdir(parents=True)
+    (folder / "feedback" / "zed" / f"{SLUG}.html").write_text("earlier run")
+    submitted = tmp_path / "submitted"
+    (submitted / "chen" / SLUG).mkdir(parents=True)  # chen is in shard 1 of 3
+    (submitted / "chen" / SLUG / f"{SLUG}.ipynb").write_text("{}")
+
+    def cancelled(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cohort, "prepare", cancelled)
+    with pytest.raises(KeyboardInterrupt):
+        cohort.main([str(submitted), "--shard", f"1/{SHARDS}", "--out", str(folder), "--quiet"])
+    assert sorted(p.name for p in folder.iterdir()) == []
+    assert cohort.main(["merge", str(others[0]), str(folder), str(others[1]), "--out", str(tmp_path / "all")]) == 2
+    assert "shard-1: no shard.json" in capsys.readouterr().err
+
+    (submitted / "chen").rename(submitted / "ada")  # shard 0: shard 1 now has nobody to grade, and finishes at once
+    assert cohort.main([str(submitted), "--shard", f"1/{SHARDS}", "--out", str(folder), "--quiet"]) == 0
+    assert not (folder / "feedback").exists()
+    assert json.loads((folder / "shard.json").read_text()) == {"shard": [1, SHARDS], "problems": [], "submissions": []}
+
+
 def test_cluster_manifests_run_one_shard_per_index():
     job, merge_job = (yaml.safe_load((CLUSTER / name).read_text()) for name in ("indexed-job.yaml", "merge-job.yaml"))
     spec = job["spec"]

@@ -509,6 +509,14 @@ def write_shard(subs: list[Submission], problems: list[str], shard: tuple[int, i
                                                 "submissions": [_submission_record(s) for s in subs]}, indent=1))
 
 
+def clear_shard(out: Path) -> None:
+    """Remove what an earlier run of this shard wrote to ``out``, shard.json first: a rerun stopped half-way (a
+    cancelled task) then leaves a shard that merge refuses, never the earlier results beside part of the new ones."""
+    for name in ("shard.json", "grades.csv", "totals.csv", "summary.json", "report.txt"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "feedback", ignore_errors=True)
+
+
 def merge(shard_dirs: list[Path], out: Path) -> tuple[list[Submission], list[str]]:
     """Combine shard results into ``out``: grades.csv, totals.csv, summary.json and report.txt as one machine
     would write them (submissions in student order), and every shard's feedback. Refuses missing, duplicated
@@ -589,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers >= 1, --timeout > 0, --cell-timeout > 0 and --memory-mb >= 512, please")
     subs, problems = find_submissions(args.submitted, assignments())
     if args.shard:
+        clear_shard(args.out)
         k, n = args.shard
         subs = [s for s in subs if shard_of(s.student, n) == k]
         problems = [p for p in problems if shard_of(_problem_student(p), n) == k]
