@@ -15,25 +15,28 @@ import threading
 import nbformat
 
 _PARSE_LOCK = threading.Lock()
+_ast_parse = ast.parse  # the original, kept when the test suite routes every ast.parse through parse() below
+
+
+def parse(source: str | bytes, filename: str = "<unknown>", mode: str = "exec", **options) -> ast.AST:
+    """``ast.parse``, safe in cohort grading's worker threads. CPython 3.11 keeps the AST constructor's recursion
+    depth in per-interpreter state, and two threads parsing at once can fail with a spurious "SystemError: AST
+    constructor recursion depth mismatch" (python/cpython#106905; seen in this project's test suite, beside pytest
+    parsing in the main thread). Every parse of the package goes through one lock (the test suite routes
+    ``ast.parse`` here too), and that error is retried once."""
+    with _PARSE_LOCK:
+        try:
+            return _ast_parse(source, filename, mode, **options)
+        except SystemError:  # left by a parse outside the lock (another library's): once more
+            return _ast_parse(source, filename, mode, **options)
 
 
 def parse_cell(source: str) -> ast.Module | None:
-    """``ast.parse`` of a cell, or None for one that is not Python (IPython magics, unfinished code). Safe in cohort
-    grading's worker threads: CPython 3.11 keeps the AST constructor's recursion depth in per-interpreter state, and
-    two threads parsing at once can fail with a spurious "SystemError: AST constructor recursion depth mismatch"
-    (python/cpython#106905; seen once in this project's test suite, beside pytest parsing in the main thread). Parse
-    under a lock, and retry that error."""
-    for attempt in range(3):
-        try:
-            with _PARSE_LOCK:
-                return ast.parse(source)
-        except SyntaxError:
-            return None
-        except SystemError:
-            if attempt == 2:
-                raise
-    return None
-
+    """:func:`parse` of a cell, or None for one that is not Python (IPython magics, unfinished code)."""
+    try:
+        return parse(source)
+    except SyntaxError:
+        return None
 
 
 def _specdec_names(notebook: nbformat.NotebookNode) -> tuple[dict[str, str], set[str]]:

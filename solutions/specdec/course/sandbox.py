@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.course.reference_calls import parse
 from specdec.paths import DATA_DIR, REPO_ROOT
 
 UID = 65534  # nobody
@@ -73,7 +74,7 @@ def graded_build(dest: Path, exercises: set[str]) -> Path:
     for path in (dest / "specdec").rglob("*.py"):
         if path.parts[-2] == "course":
             continue
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text())
         names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in exercises]
         if names:
             wrap = "".join(f"{n} = __import__('specdec.course.withheld', fromlist=['guard']).guard({n})\n"

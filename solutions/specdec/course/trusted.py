@@ -42,6 +42,7 @@ from traitlets import Unicode
 
 from specdec.course import channel, instruments, sandbox
 from specdec.course.driver import source_notebook
+from specdec.course.reference_calls import parse_cell
 
 
 def settings() -> dict:
@@ -417,10 +418,7 @@ def _python(source: str) -> str:
 
 
 def _parse(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(_python(source))
-    except SyntaxError:
-        return None
+    return parse_cell(_python(source))
 
 
 def _meta(cell: NotebookNode) -> dict:
