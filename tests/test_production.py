@@ -11,7 +11,8 @@ import torch
 from conftest import measured_costs
 from specdec.checks.engine import tiny_pair
 from specdec.engine import target_only_generate
-from specdec.serving.blocks import release_slots, reserve_slots, slot_mapping
+from specdec.serving.adaptive import BatchCosts
+from specdec.serving.blocks import blocks_for, release_slots, reserve_slots, slot_mapping
 from specdec.serving.commit import commit_round
 from specdec.serving.engine import Parts, ServingEngine, StepError
 from specdec.serving.paged import PagedKV, RaggedBatch, paged_forward
@@ -169,6 +170,13 @@ class Flaky:
         return self.function(*args)
 
 
+# Forward costs of a made-up GPU-like pair (target: 2 ms plus a little per token; draft: a tenth of it), with the
+# measured gain off: "auto" then decides the same way on every machine, so the seeded loads below are the same
+# loads everywhere (the costs a machine measures would change which gamma "auto" picks, and so the whole run).
+SYNTHETIC_COSTS = tuple(BatchCosts([1, 2, 4, 8, 16, 32, 64], [1, 2, 3, 5, 9],
+                                   [[base * (1 + 0.02 * rows * per_row) for per_row in (1, 2, 3, 5, 9)]
+                                    for rows in (1, 2, 4, 8, 16, 32, 64)]) for base in (2e-3, 2e-4))
+
 PARTS = {"schedule_step": schedule_step, "reserve_slots": reserve_slots, "release_slots": release_slots,
          "slot_mapping": slot_mapping, "commit_round": commit_round, "match_prefix": match_prefix,
          "publish_blocks": publish_blocks}
@@ -277,15 +285,29 @@ def test_an_abort_during_a_step_drops_that_steps_tokens(pair):
 @pytest.mark.parametrize("caching", [False, True])
 def test_seeded_faults_leak_nothing_and_change_no_surviving_token(pair, caching):
     """200 requests through a pool small enough to preempt, with random aborts (between steps and inside
-    them), and parts and models that fail now and then: no block leaks, every request that survives equals
-    batch-1 greedy decoding, and every aborted one emitted a prefix of it."""
+    them, some in steps that then fail), and parts that fail now and then: no block leaks, every request that
+    survives equals batch-1 greedy decoding, every aborted one emitted a prefix of it, and no acknowledged abort
+    is lost to a failed step's rollback."""
     target, draft = pair
     rng = random.Random(7)
-    failing = {name: Flaky(PARTS[name], {rng.randrange(1, 400) for _ in range(4)}) for name in PARTS}
+    in_step: list[int] = []  # aborts acknowledged during the current step, by a part (a client leaving mid-step)
+
+    def leaving(part):
+        def call(*args):
+            live = engine.waiting + engine.running
+            if live and rng.random() < 0.01:
+                victim = rng.choice(live).seq_id
+                assert engine.abort_request(victim) is True
+                in_step.append(victim)
+            return part(*args)
+        return call
+
+    failing = {name: leaving(Flaky(PARTS[name], {rng.randrange(1, 400) for _ in range(4)})) for name in PARTS}
     engine = ServingEngine(target, draft, num_blocks=36, block_size=4, token_budget=48, max_gamma=4,
-                           prefix_caching=caching, parts=Parts(**failing), costs=measured_costs(target, draft))
+                           prefix_caching=caching, parts=Parts(**failing), costs=SYNTHETIC_COSTS, measure_gain=False)
     requests = _shared_prefix_requests(rng, 200)
     ids, streamed, failures, aborted = [], {}, 0, set()
+    acknowledged_in_failed_steps: set[int] = set()
     pending = list(enumerate(requests))
     while pending or engine.has_unfinished():
         for _ in range(rng.randrange(0, 4)):
@@ -298,14 +320,20 @@ def test_seeded_faults_leak_nothing_and_change_no_surviving_token(pair, caching)
             aborted.add(victim)
         if not engine.has_unfinished():
             continue
+        in_step.clear()
         try:
             for seq_id, tokens in engine.step().items():
                 assert seq_id not in aborted, "an aborted request emitted tokens"
                 streamed.setdefault(seq_id, []).extend(tokens)
         except StepError:
             failures += 1
+            acknowledged_in_failed_steps.update(in_step)
+        aborted.update(s for s in in_step if s in engine.done and engine.done[s].status is SeqStatus.ABORTED)
         _balanced(engine)
     assert failures >= 5 and aborted and sum(s.preemptions for s in engine.done.values()) > 0
+    assert acknowledged_in_failed_steps, "no abort was asked for during a step that failed: the test tests nothing"
+    lost = [i for i in acknowledged_in_failed_steps if engine.done[i].status is not SeqStatus.ABORTED]
+    assert not lost, f"aborts acknowledged during a failed step were rolled back with it: requests {lost}"
     assert len(engine.free_blocks) == engine.num_blocks and not engine.refs
     for i, (prompt, max_tokens) in zip(ids, requests):
         seq, reference = engine.done[i], _reference(target, prompt, max_tokens)
@@ -489,3 +517,84 @@ def test_constrained_speculation_is_greedy_identical_and_respects_the_grammar(pa
         got = constrained_generate(target, draft, prompt, 40, grammar, 4, draft_follows_grammar=follows)
         assert got == expected, (prompt, got, expected)
         assert Matcher(grammar).validate(got) == len(got), f"the output left the grammar: {got}"
+
+
+# ---- the allocation contract of prefix caching ------------------------------------------------------
+def _serve(engine: ServingEngine, requests: list[tuple[list[int], int, int | str]], script: random.Random
+           ) -> tuple[dict[int, list[int]], set[int], str | None]:
+    """Feed ``requests`` to ``engine`` a few per step and abort one now and then (the same choices whatever the
+    engine, drawn from ``script``); blocks balanced after every step. Returns the streamed outputs, the aborted
+    requests and the error that stopped the run (None if every request ended)."""
+    pending, streamed, aborted = list(requests), {}, set()
+    plan = [(script.randrange(0, 3), script.random() < 0.1, script.random()) for _ in range(10_000)]
+    for adds, abort, pick in plan:
+        for _ in range(min(adds, len(pending))):
+            prompt, max_tokens, gamma = pending.pop(0)
+            engine.add_request(prompt, max_tokens, gamma=gamma)
+        live = engine.waiting + engine.running
+        if abort and live:
+            victim = live[int(pick * len(live))].seq_id
+            assert engine.abort_request(victim)
+            aborted.add(victim)
+        if not engine.has_unfinished():
+            if not pending:
+                return streamed, aborted, None
+            continue
+        try:
+            for seq_id, tokens in engine.step().items():
+                streamed.setdefault(seq_id, []).extend(tokens)
+        except RuntimeError as error:
+            return streamed, aborted, str(error)
+        _balanced(engine)
+    raise AssertionError("the workload did not end in 10,000 steps")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_prefix_caching_never_makes_a_servable_workload_fail(pair, seed):
+    """vLLM's contract: a request's matched blocks are referenced only when its allocation succeeds (a waiting
+    request holds nothing), so caching never stops a workload that runs without it. Seeded workloads of requests
+    sharing prefixes, gamma 0 to 6 and "auto", random aborts, pools down to the smallest that serves the largest
+    request alone: whatever completes without caching completes with it, with the same outputs."""
+    target, draft = pair
+    rng = random.Random(seed)
+    block_size, max_gamma = rng.choice([2, 4]), 6
+    requests = [(prompt, max_tokens, rng.choice([0, 1, 2, 3, 4, 5, 6, "auto"]))
+                for prompt, max_tokens in _shared_prefix_requests(rng, rng.randrange(4, 14))]
+    smallest = max(blocks_for(len(p) + m + max_gamma, block_size) for p, m, _ in requests)
+    num_blocks, token_budget = smallest + rng.randrange(0, 4), rng.choice([8, 16, 32])
+    runs = {}
+    for caching in (False, True):
+        engine = ServingEngine(target, draft, num_blocks=num_blocks, block_size=block_size, max_gamma=max_gamma,
+                               token_budget=token_budget, prefix_caching=caching, costs=SYNTHETIC_COSTS,
+                               measure_gain=False)
+        runs[caching] = (*_serve(engine, requests, random.Random(seed + 1000)), engine)
+    if runs[False][2] is None:
+        assert runs[True][2] is None, f"prefix caching made a servable workload fail: {runs[True][2]}"
+    for streamed, aborted, error, engine in runs.values():
+        for i, (prompt, max_tokens, _) in enumerate(requests):
+            reference, out = _reference(target, prompt, max_tokens), streamed.get(i, [])
+            assert reference[: len(out)] == out if i in aborted or error else out == reference
+        if error is None:
+            assert len(engine.free_blocks) == engine.num_blocks and not engine.refs
+
+
+def test_the_hit_counters_count_a_request_once_however_long_it_waits(pair):
+    """A request is looked up once per admission: waiting behind a long prefill for several steps does not dilute
+    the hit rate (vLLM counts a request's query when it is scheduled)."""
+    target, draft = pair
+    engine = ServingEngine(target, draft, num_blocks=60, block_size=4, token_budget=8, prefix_caching=True)
+    engine.add_request(list(range(1, 13)), 4)
+    engine.run()  # publishes the 3 full blocks of its prompt
+    cache = engine.prefix_cache
+    assert (cache.queried_tokens, cache.hit_tokens) == (12, 0)
+    engine.add_request([20 + i % 7 for i in range(30)], 4)  # 30 prompt tokens: 4 steps of the whole budget
+    hitting = engine.add_request(list(range(1, 13)) + [31], 4)
+    waited = 0
+    while all(s.seq_id != hitting for s in engine.running):
+        engine.step()
+        waited += 1
+        assert all(not s.block_table for s in engine.waiting), "a waiting request holds blocks"
+    engine.run()
+    assert waited >= 3
+    assert (cache.queried_tokens, cache.hit_tokens) == (12 + 30 + 13, 12)
+    assert engine.done[hitting].output == _reference(target, list(range(1, 13)) + [31], 4)

@@ -5,6 +5,8 @@ Each :meth:`ServingEngine.step`:
 1. picks each decoding row's lookahead (its gamma, or :func:`choose_gamma` for "auto" rows);
 2. schedules under the token budget and the free blocks (:func:`schedule_step`), preempting
    if it must, and reserves every scheduled row's slots, lookahead included (:func:`reserve_slots`);
+   with prefix caching, a waiting request's hit is shown to the scheduler but taken only when the
+   request is admitted and its other blocks fit (a waiting request holds nothing);
 3. drafts: the draft feeds each speculating row's pending tokens, then one token per row
    per draft position, all rows in one forward each (ragged);
 4. verifies: one target forward over every scheduled row at once (prefill chunks, plain
@@ -96,8 +98,10 @@ class ServingEngine:
                  parts: Parts = Parts(), measure_gain: bool = True, prefix_caching: bool = False) -> None:
         """``parts``: the exercises' functions to use (:class:`Parts`; the reference's by default).
         ``prefix_caching``: share the KV blocks of verified prefixes between requests (:mod:`.prefix_cache`).
-        ``measure_gain``: let "auto" overrule the cost model with the gain it measures (:class:`GoodputGate`);
-        False keeps the model alone (for what-if costs that are not this machine's)."""
+        ``measure_gain``: let "auto" overrule the cost model with the gain it measures (:class:`GoodputGate`) and
+        add the time it measures outside the forwards; False keeps the model with the given costs alone, nothing
+        from this machine's clock (for what-if costs that are not this machine's, and runs that must not depend
+        on the machine)."""
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
@@ -184,7 +188,8 @@ class ServingEngine:
     def abort_request(self, seq_id: int) -> bool:
         """The client went away: free every block of the request (lookahead included) and emit nothing more
         for it; the other requests are unaffected. Asked for during a step (from a part, say), it takes effect
-        when the step ends and drops what that step emitted for it (unless the step finished the request).
+        when the step ends, even if the step fails and is undone, and drops what that step emitted for it (unless
+        the step finished the request).
         False if the request had already ended."""
         seq = next((s for s in self.waiting + self.running if s.seq_id == seq_id), None)
         if seq is None:
@@ -194,7 +199,7 @@ class ServingEngine:
         if self._in_step:
             self._aborting.append(seq_id)
             return True
-        self._release(seq, 0)
+        self._release(seq, 0, by_part=False)
         (self.waiting if seq in self.waiting else self.running).remove(seq)
         seq.status, seq.num_computed, seq.draft_computed, seq.lookahead, seq.cached_blocks = SeqStatus.ABORTED, 0, 0, 0, 0
         seq.finish_time = time.perf_counter()
@@ -217,10 +222,13 @@ class ServingEngine:
             ids = [s.seq_id for s in self.running + self.waiting]
             who = f"request {seq.seq_id}" if seq is not None else "requests " + ", ".join(map(str, ids[:12])) + (
                 ", ..." if len(ids) > 12 else "")
+            self._abort_acknowledged()
             raise StepError(f"{where} raised {type(error).__name__}: {error} (step {len(self.steps)}, {who}); the "
-                            "engine is as it was before the step: fix it and call step() or run() again") from error
+                            "engine is as it was before the step (but for the aborts asked for during it, carried "
+                            "out): fix it and call step() or run() again") from error
         except BaseException:  # an interrupt: put the engine back, let it through
             self._restore(saved)
+            self._abort_acknowledged()
             raise
         finally:
             self._in_step = False
@@ -232,23 +240,38 @@ class ServingEngine:
                 self.abort_request(seq_id)
         return emitted
 
+    def _abort_acknowledged(self) -> None:
+        """After a failed step was rolled back: the aborts acknowledged during it are carried out all the same."""
+        self._in_step = False
+        for seq_id in self._aborting:
+            if any(s.seq_id == seq_id for s in self.waiting + self.running):
+                self.abort_request(seq_id)
+
     def _step(self) -> dict[int, list[int]]:
         start = time.perf_counter()
         self._where = ("Parts.choose_gamma", None)
         self._set_lookahead()
-        self._match_prefixes()
+        hits = self._match_prefixes()
         self._where = ("Parts.schedule_step", None)
         scheduled, preempted = self.parts.schedule_step(self.running, self.waiting, self.token_budget,
                                                         len(self.free_blocks), self.block_size)
+        for seq in hits:  # the scheduler saw each waiting request's hit; until admitted it holds nothing
+            seq.block_table, seq.num_computed, seq.cached_blocks = [], 0, 0
         self._preempt(preempted)
-        admitted = [s for s in self.waiting if s in scheduled]
-        self.waiting = [s for s in self.waiting if s not in scheduled]
-        for seq in admitted:
-            seq.status = SeqStatus.RUNNING
-        self.running += admitted
-        rows = [s for s in self.running if s in scheduled]
-        for seq in rows:
+        short = False  # a preemption freed fewer blocks than the scheduler counted: a victim shared some
+        for seq in [s for s in self.running if s in scheduled]:
+            if self.prefix_cache is not None and not self._fits(seq, seq.num_computed + scheduled[seq]):
+                self._preempt([seq])
+                del scheduled[seq]
+                short = True
+                continue
             self._reserve(seq, seq.num_computed + scheduled[seq])
+        for seq in [s for s in self.waiting if s in scheduled]:  # in order: first come, first served
+            if short or not self._admit(seq, hits.get(seq, []), scheduled[seq]):
+                for later in [s for s in self.waiting if s in scheduled]:
+                    del scheduled[later]
+                break
+        rows = [s for s in self.running if s in scheduled]
         if not rows:
             if self.running or self.waiting:
                 raise RuntimeError("no request could be scheduled: the token budget or the KV blocks are too small")
@@ -260,10 +283,10 @@ class ServingEngine:
         drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
         drafted = time.perf_counter()
         emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
-        if decoding == len(rows):  # the costs were measured on decode rows: learn from decode-only steps
+        if decoding == len(rows) and self.gate is not None:  # the costs were measured on decode rows: learn there
             self._learn_overheads(drafted - drafting, max(gammas), sum(g > 0 for g in gammas),
                                   time.perf_counter() - start - (drafted - drafting), len(rows), sum(scheduled.values()))
-            if self.gate is not None and all(s.gamma == "auto" for s in rows):
+            if all(s.gamma == "auto" for s in rows):
                 self._record_gain(rows, max(gammas), drafted - drafting, time.perf_counter() - start,
                                   sum(map(len, emitted.values())))
         self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
@@ -436,12 +459,16 @@ class ServingEngine:
                 self.prefix_cache.evict(block)  # its slots now take other tokens
                 self._overwritten.append(block)
 
-    def _release(self, seq: Seq, num_kept: int) -> None:
+    def _release(self, seq: Seq, num_kept: int, by_part: bool = True) -> None:
         """Give back the blocks of ``seq`` past ``num_kept`` slots: a block goes back to the free list when no
-        table holds it any more, a published one to the front (handed out last, so it stays cached longest)."""
+        table holds it any more, a published one to the front (handed out last, so it stays cached longest).
+        ``by_part=False`` drops the whole table without Parts.release_slots: an abort must not fail."""
         self._where = ("Parts.release_slots", seq)
         released: list[int] = []
-        self.parts.release_slots(released, seq.block_table, num_kept, self.block_size)
+        if by_part:
+            self.parts.release_slots(released, seq.block_table, num_kept, self.block_size)
+        else:
+            released, seq.block_table[:] = list(seq.block_table), []
         seq.cached_blocks = min(seq.cached_blocks, len(seq.block_table))
         for block in released:
             self.refs[block] -= 1
@@ -452,10 +479,13 @@ class ServingEngine:
                 else:
                     self.free_blocks.append(block)
 
-    def _match_prefixes(self) -> None:
-        """Waiting requests without blocks start from the longest published prefix of their tokens."""
+    def _match_prefixes(self) -> dict[Seq, list[int]]:
+        """Each waiting request without blocks, shown to the scheduler as if it started after the longest published
+        prefix of its tokens (its table and ``num_computed`` set for the scheduler to read). Nothing is referenced:
+        the blocks stay free and evictable until the request is admitted (:meth:`_admit`)."""
+        hits: dict[Seq, list[int]] = {}
         if self.prefix_cache is None:
-            return
+            return hits
         for seq in self.waiting:
             if seq.block_table:
                 continue
@@ -469,15 +499,41 @@ class ServingEngine:
             wanted = [self.prefix_cache.block_of.get(prefix_key(seq.tokens, i, self.block_size)) for i in range(len(hit))]
             if hit != wanted:
                 raise ValueError(f"it returned blocks {hit} for a prefix published in blocks {wanted}")
+            if hit:
+                hits[seq] = hit
+                seq.block_table, seq.cached_blocks = list(hit), len(hit)
+                seq.num_computed = len(hit) * self.block_size
+        return hits
+
+    def _fits(self, seq: Seq, num_slots: int, taken: int = 0) -> bool:
+        """Whether the free list holds the blocks ``seq``'s table lacks for ``num_slots`` slots, plus ``taken``."""
+        return max(blocks_for(num_slots, self.block_size) - len(seq.block_table), 0) + taken <= len(self.free_blocks)
+
+    def _admit(self, seq: Seq, hit: list[int], num_tokens: int) -> bool:
+        """Allocate a scheduled waiting request, vLLM's way: its hit (what is still published of it: running rows
+        reserved first and may have taken a cached free block) is referenced only if the free list also holds the
+        blocks for its ``num_tokens`` new tokens; otherwise it stays waiting and holds nothing. Counts the lookup
+        in the cache's hit rate once per admission (the first, and each after a preemption)."""
+        if self.prefix_cache is not None:
+            hit = hit[:next((i for i, b in enumerate(hit) if b not in self.prefix_cache), len(hit))]
+        seq.block_table = list(hit)
+        if self.prefix_cache is not None and not self._fits(seq, len(hit) * self.block_size + num_tokens,
+                                                            taken=sum(b not in self.refs for b in hit)):
+            seq.block_table = []
+            return False
+        for block in hit:
+            if block not in self.refs:
+                self.free_blocks.remove(block)
+            self.refs[block] = self.refs.get(block, 0) + 1
+        seq.cached_blocks, seq.num_computed = len(hit), len(hit) * self.block_size
+        if self.prefix_cache is not None:
             self.prefix_cache.queried_tokens += len(seq.tokens)
             self.prefix_cache.hit_tokens += len(hit) * self.block_size
-            for block in hit:
-                if block not in self.refs:
-                    self.free_blocks.remove(block)
-                self.refs[block] = self.refs.get(block, 0) + 1
-                seq.block_table.append(block)
-            seq.cached_blocks = len(seq.block_table)
-            seq.num_computed = seq.cached_blocks * self.block_size
+        self.waiting.remove(seq)
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        self._reserve(seq, seq.num_computed + num_tokens)
+        return True
 
     def _publish(self, seq: Seq) -> None:
         if self.prefix_cache is not None:

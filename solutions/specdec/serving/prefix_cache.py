@@ -7,6 +7,9 @@ never published ("we only cache the verified tokens", vLLM V1's ``kv_cache_manag
 A later request whose prompt starts with the same full blocks **hits**: its table starts
 with those blocks (their reference counts go up) and its prefill starts after them. At
 least one prompt token is always computed, since its logits give the first new token.
+The engine takes a hit's blocks only when it admits the request and has room for the rest
+of its tokens; a waiting request holds nothing (vLLM's ``allocate_slots`` checks the free
+blocks before it touches the cached ones).
 
 A block's key is the whole prefix up to its end, so two different prefixes can never share
 a key (vLLM hashes a block's tokens together with its parent block's hash instead).
@@ -32,7 +35,9 @@ class PrefixCache:
     def __init__(self) -> None:
         self.block_of: dict[tuple[int, ...], int] = {}
         self.key_of: dict[int, tuple[int, ...]] = {}
-        self.queried_tokens = 0  # prompt tokens looked up, and how many of them hit (the hit rate's two sides)
+        # prompt tokens looked up and how many of them hit (the hit rate's two sides), counted by the engine once
+        # per admitted request (again after a preemption), not once per step it waits
+        self.queried_tokens = 0
         self.hit_tokens = 0
 
     def __contains__(self, block: int) -> bool:
