@@ -362,21 +362,21 @@ def test_suffix_tree_counts_substrings_within_documents_only():
 
 
 def test_suffix_proposals_follow_the_most_frequent_continuation_and_grow_with_the_match():
-    from specdec.production.suffix import SuffixTree
+    from specdec.production.suffix import SuffixTree, propose_from_tree
 
     tree = SuffixTree(depth=8)
     for doc, tokens in enumerate([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 4, 6], [9, 2, 7]]):
         tree.extend(doc, tokens)
-    drafts, prob = tree.propose([0, 1, 2], max_drafts=8, factor=2.0, min_prob=0.1)
+    drafts, prob = propose_from_tree(tree, [0, 1, 2], max_drafts=8, factor=2.0, min_prob=0.1)
     assert drafts == [3, 4, 6] and prob == pytest.approx(2 / 3)  # a match of 2 allows up to 4 drafts
-    assert tree.propose([0, 1, 2], 8, factor=1.0)[0] == [3, 4]  # factor 1: as long as the match
-    assert tree.propose([8, 2], 8, factor=4.0)[0] == [3, 4, 6]  # after 2: 3 three times out of four
-    assert tree.propose([8, 2], 8, factor=4.0, min_prob=0.8)[0] == []  # 3/4 < 0.8: no draft
-    assert tree.propose([0, 0], 8) == ([], 0.0)  # no match, no draft
+    assert propose_from_tree(tree, [0, 1, 2], 8, factor=1.0)[0] == [3, 4]  # factor 1: as long as the match
+    assert propose_from_tree(tree, [8, 2], 8, factor=4.0)[0] == [3, 4, 6]  # after 2: 3 three times out of four
+    assert propose_from_tree(tree, [8, 2], 8, factor=4.0, min_prob=0.8)[0] == []  # 3/4 < 0.8: no draft
+    assert propose_from_tree(tree, [0, 0], 8) == ([], 0.0)  # no match, no draft
     tie = SuffixTree(depth=4)
     tie.extend(0, [5, 9])
     tie.extend(1, [5, 7])
-    assert tie.propose([5], 1, factor=1.0, min_prob=0.0)[0] == [7]  # a tie goes to the lower id
+    assert propose_from_tree(tie, [5], 1, factor=1.0, min_prob=0.0)[0] == [7]  # a tie goes to the lower id
 
 
 def test_suffix_decoding_is_greedy_identical_and_learns_across_requests(pair):

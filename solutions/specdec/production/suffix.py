@@ -66,11 +66,6 @@ class SuffixTree:
                 return len(tail) - start, node
         return 0, None
 
-    def propose(self, tokens: Sequence[int], max_drafts: int, factor: float = 1.0, min_prob: float = 0.1,
-                ) -> tuple[list[int], float]:
-        """Drafts that followed the longest matched suffix most often, and their estimated probability."""
-        return propose_from_tree(self, tokens, max_drafts, factor, min_prob)
-
 
 def propose_from_tree(tree: SuffixTree, tokens: Sequence[int], max_drafts: int, factor: float = 1.0,
                       min_prob: float = 0.1) -> tuple[list[int], float]:
@@ -119,8 +114,8 @@ class SuffixProposer:
         del self.requests[request]
 
     def propose(self, request: object, tokens: Sequence[int], max_drafts: int) -> list[int]:
-        own = self.requests[request].propose(tokens, max_drafts, self.factor, self.min_prob)
-        shared = self.global_tree.propose(tokens, max_drafts, self.factor, self.min_prob)
+        own = propose_from_tree(self.requests[request], tokens, max_drafts, self.factor, self.min_prob)
+        shared = propose_from_tree(self.global_tree, tokens, max_drafts, self.factor, self.min_prob)
         best = max((own, shared), key=lambda proposal: len(proposal[0]) * proposal[1])
         return best[0]
 
