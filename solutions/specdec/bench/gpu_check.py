@@ -17,6 +17,7 @@ H200: well under the 5 minutes allowed (most of it the timing loops of ``bandwid
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -95,7 +96,9 @@ def bandwidth_stage() -> dict:
     return {"peak_bandwidth": peak, "rows": rows}
 
 
+@functools.cache
 def _models(device: torch.device):
+    """The shipped (target, draft) on ``device``, loaded once for the stages that need them."""
     from specdec.models.checkpoints import load_pair
 
     target, draft = load_pair()

@@ -260,12 +260,13 @@ class ServingEngine:
         self._preempt(preempted)
         short = False  # a preemption freed fewer blocks than the scheduler counted: a victim shared some
         for seq in [s for s in self.running if s in scheduled]:
-            if self.prefix_cache is not None and not self._fits(seq, seq.num_computed + scheduled[seq]):
+            slots = seq.num_computed + scheduled[seq]
+            if self.prefix_cache is not None and self._lacks(len(seq.block_table), slots) > len(self.free_blocks):
                 self._preempt([seq])
                 del scheduled[seq]
                 short = True
                 continue
-            self._reserve(seq, seq.num_computed + scheduled[seq])
+            self._reserve(seq, slots)
         for seq in [s for s in self.waiting if s in scheduled]:  # in order: first come, first served
             if short or not self._admit(seq, hits.get(seq, []), scheduled[seq]):
                 for later in [s for s in self.waiting if s in scheduled]:
@@ -505,9 +506,9 @@ class ServingEngine:
                 seq.num_computed = len(hit) * self.block_size
         return hits
 
-    def _fits(self, seq: Seq, num_slots: int, taken: int = 0) -> bool:
-        """Whether the free list holds the blocks ``seq``'s table lacks for ``num_slots`` slots, plus ``taken``."""
-        return max(blocks_for(num_slots, self.block_size) - len(seq.block_table), 0) + taken <= len(self.free_blocks)
+    def _lacks(self, held: int, num_slots: int) -> int:
+        """How many blocks a table of ``held`` blocks lacks for ``num_slots`` slots."""
+        return max(blocks_for(num_slots, self.block_size) - held, 0)
 
     def _admit(self, seq: Seq, hit: list[int], num_tokens: int) -> bool:
         """Allocate a scheduled waiting request, vLLM's way: its hit (what is still published of it: running rows
@@ -516,11 +517,10 @@ class ServingEngine:
         in the cache's hit rate once per admission (the first, and each after a preemption)."""
         if self.prefix_cache is not None:
             hit = hit[:next((i for i, b in enumerate(hit) if b not in self.prefix_cache), len(hit))]
+            taken = sum(b not in self.refs for b in hit)  # hit blocks that leave the free list
+            if self._lacks(len(hit), len(hit) * self.block_size + num_tokens) + taken > len(self.free_blocks):
+                return False
         seq.block_table = list(hit)
-        if self.prefix_cache is not None and not self._fits(seq, len(hit) * self.block_size + num_tokens,
-                                                            taken=sum(b not in self.refs for b in hit)):
-            seq.block_table = []
-            return False
         for block in hit:
             if block not in self.refs:
                 self.free_blocks.remove(block)
