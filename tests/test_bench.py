@@ -191,6 +191,13 @@ def test_crossover_experiment_times_a_full_batch_decoding_and_predicts_from_the_
     assert [p["batch"] for p in report["prediction"]] == [1, 3]
     assert set(report["crossover"]) == {"on", "auto", "predicted", "predicted_forwards_only"}
     assert set(rows[3, "on"]["overhead_s"]) == {"plain_step", "verify_step", "draft_forward"}
+    for paired in report["auto_vs_best"]:  # auto against the better fixed mode, paired by repeat
+        level = paired["concurrency"]
+        assert paired["auto_over_best"] == min(paired["auto_over_on"], paired["auto_over_off"])
+        assert min(rows[level, "auto"]["tokens_per_s_min"] / rows[level, m]["tokens_per_s_max"] for m in ("on", "off")) \
+            <= paired["auto_over_best"] <= max(rows[level, "auto"]["tokens_per_s_max"] / rows[level, m]["tokens_per_s_min"]
+                                               for m in ("on", "off"))
+    assert [p["concurrency"] for p in report["auto_vs_best"]] == [1, 3]
 
 
 def test_shipped_serving_measurement_backs_notebook_11s_reading():

@@ -236,37 +236,43 @@ def test_auto_gamma_turns_speculation_off_when_verification_is_costly():
 
 
 def test_goodput_gate_overrules_the_model_only_on_a_measured_gain_and_probes_less_often_as_probes_agree():
-    """Paired steps (a speculating one beside a plain one, same batch) measure what speculation costs; with the
+    """Paired steps (a speculating one beside plain ones, same batch) measure what speculation costs; with the
     tokens a round commits (E(alpha, gamma) until enough rounds were seen) that is the gain, and beyond the margin
     it wins over the model's gamma; the arm not in use is probed at doubling intervals, rarely once the gain is
-    far from 1; a new batch size starts afresh."""
+    far from 1; once two pairs measured the cost, a probe of speculation drafts for a share of the rows only;
+    a new batch size starts afresh."""
     from specdec.ledger import expected_tokens_per_round as E
     from specdec.serving.adaptive import GoodputGate
 
-    gate = GoodputGate(margin=0.05, sure=1.0, probe_every=4, max_interval=16, min_rounds=10**9)  # E, no jumps
-    assert gate.decide(0, 64, 0.8, 4, 4) == 0  # nothing measured yet: try the other arm (plain) first
+    gate = GoodputGate(margin=0.05, sure=1.0, probe_every=4, max_interval=16, min_rounds=10**9, probe_share=8)
+    assert gate.decide(0, 64, 0.8, 4, 4) == (0, 64)  # nothing measured yet: try the other arm (plain) first
     gate.record(0, 64, 0, 0.064, 64, 0.8)
-    assert gate.decide(1, 64, 0.8, 4, 4) == 4
+    assert gate.decide(1, 64, 0.8, 4, 4) == (4, 64)
     gate.record(1, 64, 4, 0.320, 200, 0.8)  # a verify step costs 5 plain steps
     assert gate.gain(0.8) == pytest.approx(E(0.8, 4) / 5) and gate.gain(0.99) == pytest.approx(E(0.99, 4) / 5)
     probes = []
     for step in range(2, 40):
-        gamma = gate.decide(step, 64, 0.8, 4, 4)
-        gate.record(step, 64, gamma, 0.320 if gamma else 0.064, 200 if gamma else 64, 0.8)
-        probes += [step] * (gamma > 0)
-    assert probes == [5, 13, 29]  # the measured loss (0.67) overrules the model; probes 4, 8, 16 steps apart
-    assert len(gate.pairs) == 4  # one pair per probe, not one per plain step beside it
+        gamma, drafting = gate.decide(step, 64, 0.8, 4, 4)
+        seconds = 0.064 + 0.256 * drafting / 64 if gamma else 0.064
+        gate.record(step, 64, gamma, seconds, 200 * drafting // 64 if gamma else 64, 0.8, drafting=drafting)
+        probes += [(step, drafting)] * (gamma > 0)
+    # the measured loss (0.67) overrules the model; probes 4, 8, 16 steps apart; the second pair measured the
+    # cost, so the next probe drafts for one row in eight; the one after is of every row again, since the newest
+    # pair is max_interval steps old by then
+    assert probes == [(5, 64), (13, 8), (29, 64)]
+    assert len(gate.pairs) == 3  # one pair per probe of every row, not one per plain step beside it
     gate.record(40, 64, 0, 0.064, 64, 0.8)
-    gate.record(41, 64, 4, 0.100, 200, 0.8)  # one cheap probe does not outvote four pairs
-    assert gate.decide(42, 64, 0.8, 4, 4) == 0
+    gate.record(41, 64, 4, 0.100, 200, 0.8)  # one cheap probe does not outvote three pairs
+    assert gate.decide(42, 64, 0.8, 4, 4) == (0, 64)
     gate.record(45, 8, 3, 0.010, 24, 0.8)  # a new batch size: nothing measured there, so plain is probed first
-    assert gate.gain(0.8) is None and gate.decide(46, 8, 0.8, 3, 3) == 0
+    assert gate.gain(0.8) is None and gate.decide(46, 8, 0.8, 3, 3) == (0, 8)
     gate.record(46, 8, 0, 0.008, 8, 0.8)  # ratio 1.25 at gamma 3: gain E(0.8, 3) / 1.25 = 2.36
-    assert gate.decide(47, 8, 0.8, 0, 3) == 3 and gate.decide(47, 8, 0.8, 2, 3) == 2  # overrules a model's 0
-    assert gate.decide(48, 8, 0.1, 2, 3) == 0  # the same costs at alpha 0.1: a loss (E(0.1, 3) / 1.25 = 0.89)
+    assert gate.decide(47, 8, 0.8, 0, 3) == (3, 8) and gate.decide(47, 8, 0.8, 2, 3) == (2, 8)  # overrules a 0
+    assert gate.decide(48, 8, 0.1, 2, 3) == (0, 8)  # the same costs at alpha 0.1: a loss (E(0.1, 3) / 1.25 = 0.89)
     gate.record(60, 16, 0, 0.016, 16, 0.8)
     gate.record(61, 16, 1, 0.0288, 32, 0.8)  # ratio 1.8 at gamma 1, alpha 0.8: gain 1.0, within the margin
-    assert gate.decide(62, 16, 0.8, 0, 3) == 0 and gate.decide(63, 16, 0.8, 2, 3) == 2
+    assert gate.decide(62, 16, 0.8, 0, 3) == (0, 16) and gate.decide(63, 16, 0.8, 2, 3) == (2, 16)
+    assert gate.decide(70, 16, 0.8, 2, 3, can_probe=False) == (2, 16)  # a probe is due, but not in this step
 
     measured = GoodputGate(min_rounds=16, probe_every=4, max_interval=64)
     measured.record(0, 32, 0, 0.032, 32, 0.9)
@@ -274,9 +280,47 @@ def test_goodput_gate_overrules_the_model_only_on_a_measured_gain_and_probes_les
     assert measured.tokens_per_round(0.9, 1) == pytest.approx(1.5) and measured.gain(0.9) == pytest.approx(1.0)
     assert measured.tokens_per_round(0.9, 4) == pytest.approx(E(0.9, 4))  # no rounds seen at 4: the model's E
     assert measured.interval == 4  # a gain near 1: probe again soon
-    measured.record(2, 32, 0, 0.064, 32, 0.9)  # plain steps got twice as dear: this pair's gain is 2
-    measured.record(3, 32, 1, 0.048, 48, 0.9)
-    assert measured.gain(0.9) == pytest.approx(1.5) and measured.interval == 64  # the median, far from 1
+    for step in (2, 4):  # plain steps got dearer than a speculating one: noise, so the ratio counts as 1
+        measured.record(step, 32, 0, 0.064, 32, 0.9)
+        measured.record(step + 1, 32, 1, 0.048, 48, 0.9)
+        assert measured.pairs[-1][1] == 1.0
+    assert measured.gain(0.9) == pytest.approx(1.5) and measured.interval == 64  # three pairs, far from 1
+
+
+def test_goodput_gate_pairs_a_probe_with_the_median_of_the_steps_beside_it():
+    """One slow plain step (a garbage collection, say) beside a probe does not make the pair: the probe is
+    compared with the median of the other arm's unpaired steps of the last pair_within steps."""
+    from specdec.serving.adaptive import GoodputGate
+
+    gate = GoodputGate(min_rounds=1, pair_within=4)
+    for step, seconds in enumerate((0.032, 0.032, 0.320, 0.032)):  # the third plain step took ten times as long
+        gate.record(step, 32, 0, seconds, 32, 0.9)
+    gate.record(4, 32, 2, 0.096, 96, 0.9)  # 3 tokens per row for 3 plain steps' time: a gain of 1
+    assert gate.pairs[-1][:2] == (2, pytest.approx(3.0)) and gate.gain(0.9) == pytest.approx(1.0)
+
+
+def test_a_probe_on_a_share_of_the_rows_drafts_for_the_rows_the_draft_is_closest_to():
+    """When the gate probes speculation on a share of the rows, that many "auto" rows draft: those whose draft has
+    the fewest tokens to catch up (so the same rows, probe after probe); the others decode plainly, and every
+    output is still plain decoding's (greedy)."""
+    from specdec.serving.adaptive import GoodputGate, StepCosts
+
+    class ShareGate(GoodputGate):  # probes two rows whenever it may
+        def decide(self, step, rows, alpha, model_gamma, fallback_gamma, can_probe=True):
+            return (3, 2) if can_probe and step % 3 == 0 else (0, rows)
+
+    target, draft = tiny_pair(vocab=32, noise=0.1)
+    flat = (StepCosts([1, 100], [1.0, 1.0]), StepCosts([1, 100], [0.01, 0.01]))
+    engine = ServingEngine(target, draft, num_blocks=200, block_size=4, costs=flat, max_gamma=4)
+    engine.gate = ShareGate()
+    prompts = [[5, 1, 2, 3, 4, 5, 6], [7, 8], [9, 1, 2, 3, 4], [3, 4, 5]]  # the two shortest prompts: ids 1 and 3
+    ids = [engine.add_request(prompt, 24, gamma="auto") for prompt in prompts]
+    drafting, draft = [], engine._draft
+    engine._draft = lambda rows, gammas: (rows and drafting.append({s.seq_id for s in rows})) or draft(rows, gammas)
+    _run_checked(engine)
+    assert {s.speculating_rows for s in engine.steps if s.speculating_rows} == {2}
+    assert drafting[:3] == [{ids[1], ids[3]}] * 3  # while all four run, the rows the draft is closest to
+    assert all(s.output == target_only_generate(target, s.prompt, 24) for s in engine.done.values())
 
 
 def test_auto_rows_estimate_alpha_from_tested_positions_not_the_acceptance_rate():

@@ -123,7 +123,7 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
     probe = ServingEngine(target, draft)
     costs = probe.measure_costs(rows=sorted(set(levels) | {1, 2}))  # the batch sizes swept, as decode_sweep does
     watch = LoadWatch(torch.get_num_threads())
-    rows = []
+    rows, paired = [], []
     for level in levels:
         jobs = request_stream(max(requests_per_level, 2 * level), max_tokens, seed)
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
@@ -132,6 +132,9 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
                                    costs=costs)
             runs[mode].append(serve(engine, jobs, MODES[mode], level, rate, seed))
         watch.sample()
+        paired.append(auto_against_best(level, runs))
+        progress(f"  concurrency {level:3d}  auto / the better of on and off, paired by repeat: "
+                 f"{paired[-1]['auto_over_best']:.3f}")
         for mode, results in runs.items():
             times = spread([r["seconds"] for r in results])
             middle = min(results, key=lambda r: abs(r["seconds"] - times["median"]))  # latencies of the median run
@@ -148,7 +151,7 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
     alpha = sum(r["alpha"] * r["tokens"] for r in on) / sum(r["tokens"] for r in on)
     machine = watch.report({f"{r['mode']} at {r['concurrency']}": r["spread"] for r in rows})
     prediction = predicted_speedups(alpha, costs, levels, MODES["on"], rows)
-    return {"rows": rows, "costs": {"target": costs[0].to_dict(), "draft": costs[1].to_dict()},
+    return {"rows": rows, "auto_vs_best": paired, "costs": {"target": costs[0].to_dict(), "draft": costs[1].to_dict()},
             "alpha_on": alpha, "prediction": prediction, "machine": machine,
             "crossover": {"on": crossover(rows, "on"), "auto": crossover(rows, "auto"),
                           "predicted": next((p["batch"] for p in prediction if p["fixed"] <= 1), None)},
@@ -202,7 +205,7 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
     watch = LoadWatch(torch.get_num_threads())
     budget = max(levels) * (MODES["on"] + 1) * 2
     blocks = max(levels) * blocks_for(prompt_tokens + max_tokens + 8, 16) + 8
-    rows = []
+    rows, paired = [], []
     for level in levels:
         jobs = [Job(job.prompt[:prompt_tokens], params or job.params, max_tokens, job.seed)
                 for job in request_stream(level, max_tokens, seed, task)]
@@ -212,6 +215,9 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
                                    costs=costs)
             runs[mode].append(decode_phase(engine, jobs, MODES[mode]))
         watch.sample()
+        paired.append(auto_against_best(level, runs))
+        progress(f"  batch {level:3d}  auto / the better of on and off, paired by repeat: "
+                 f"{paired[-1]['auto_over_best']:.3f}")
         for mode, results in runs.items():
             times = spread([r["seconds"] for r in results])
             middle = min(results, key=lambda r: abs(r["seconds"] - times["median"]))
@@ -235,7 +241,7 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
     forwards_only = predicted_speedups(alpha, costs, levels, MODES["on"])
     for p, q in zip(prediction, forwards_only):
         p["fixed_forwards_only"] = q["fixed"]
-    return {"rows": rows, "costs": {"target": costs[0].to_dict(), "draft": costs[1].to_dict()},
+    return {"rows": rows, "auto_vs_best": paired, "costs": {"target": costs[0].to_dict(), "draft": costs[1].to_dict()},
             "alpha_on": alpha, "prediction": prediction, "machine": machine,
             "crossover": {"on": crossover(rows, "on"), "auto": crossover(rows, "auto"),
                           "predicted": next((p["batch"] for p in prediction if p["fixed"] <= 1), None),
@@ -277,6 +283,16 @@ def crossover(rows: list[dict], mode: str = "on") -> int | None:
         if r["tokens_per_s"] <= off[r["concurrency"]]:
             return r["concurrency"]
     return None
+
+
+def auto_against_best(level: int, runs: dict[str, list[dict]]) -> dict:
+    """"auto" against the better of on and off at one level, paired by repeat: in each repeat of the interleaving,
+    auto's tokens/s over on's and over off's from the same repeat (a slow stretch of the machine slows the three
+    alike), the median over repeats; "auto_over_best" is the smaller of the two, against the mode auto trails more."""
+    ratios = {mode: statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["auto"], runs[mode]))
+              for mode in ("on", "off")}
+    return {"concurrency": level, "auto_over_on": ratios["on"], "auto_over_off": ratios["off"],
+            "auto_over_best": min(ratios.values())}
 
 
 def plot(report: dict, path: Path | None = None):
@@ -403,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(report["closed_loop"]["rows"])
     plot(report["closed_loop"], args.out / "serve.png")
     plot_crossover(report, args.out / "crossover.png")
+    for name, part in (("crossover experiment, batch", report), ("closed loop, concurrency", report["closed_loop"])):
+        print(f"auto / the better of on and off ({name}, paired by repeat): "
+              + ", ".join(f"{p['concurrency']}: {p['auto_over_best']:.3f}" for p in part["auto_vs_best"]))
     print(f"crossover (speculation no longer faster): gamma {MODES['on']} at a batch of {report['crossover']['on']} "
           f"(the cost model: {report['crossover']['predicted']}); auto at {report['crossover']['auto']}")
     print(f"wrote {args.out}/serve.json, serve.csv, serve.png, crossover.png in {report['seconds']} s")

@@ -127,50 +127,70 @@ class BatchCosts:
 class GoodputGate:
     """Speculation's measured gain at the current batch size, and when to trust it over the cost model.
 
-    What a speculating step costs is measured against a plain step taken at most ``pair_within`` steps apart at
-    about the same batch size (so at nearly the same context and machine load: a paired measurement, like an
-    interleaved benchmark): ``ratio`` = its seconds per row over the plain step's. What a round commits is
-    measured over every speculating step (tokens per row per round at each gamma, ``tau``), since one step's
-    count is mostly luck; until ``min_rounds`` rounds were seen at a gamma, ``E(alpha, gamma)`` stands in (it
-    overestimates short rounds where the first draft is the hardest to accept). The gain is the median of
+    What speculating costs is measured by pairing a step in which every row drafts with plain steps taken at most
+    ``pair_within`` steps before it at about the same batch size, or a plain step with such speculating steps (so at
+    nearly the same context and machine load: a paired measurement, like an interleaved benchmark): ``ratio`` = its
+    seconds per row over the median of theirs (one slow step, a garbage collection say, does not make a pair; a
+    ratio is at least 1: a step that drafts does all a plain step does and more, so less is noise). What a round
+    commits is measured over every row that drafted (tokens per row per round at each gamma, ``tau``), since one
+    step's count is mostly luck; until ``min_rounds`` rounds were seen at a gamma, ``E(alpha, gamma)`` stands in
+    (it overestimates short rounds where the first draft is the hardest to accept). The gain is the median of
     ``tau / ratio`` over the recent pairs at this batch size. "auto" keeps the cost model's gamma unless the gain
     says otherwise by more than ``margin``, and every ``interval`` steps it probes the arm it is not using (the
-    interval doubles after each probe, jumps to ``max_interval`` once the gain is beyond ``sure`` of 1, and
-    starts again at ``probe_every`` when the batch size changes by more than a quarter)."""
+    interval doubles after each probe, jumps to ``max_interval`` once three pairs or more put the gain beyond
+    ``sure`` of 1, and starts again at ``probe_every`` when the batch size changes by more than a quarter).
+
+    Probing speculation while plain decoding wins has a price beyond the step: the draft first reads every token
+    it skipped, for every row (about what the draft costs per token, for all the tokens since the last probe,
+    whatever the interval). So once two pairs have measured the cost at this batch size, such a probe drafts for
+    one row in ``probe_share`` only (the rows the draft is closest to): it refreshes ``tau``, the acceptance side,
+    for a fraction of the catch-up; the cost side is measured again by a probe of every row once the newest pair
+    is ``max_interval`` steps old.
+    """
 
     def __init__(self, margin: float = 0.05, sure: float = 0.25, probe_every: int = 16, max_interval: int = 256,
-                 pair_within: int = 4, min_rounds: int = 16) -> None:
+                 pair_within: int = 4, min_rounds: int = 16, probe_share: int = 8) -> None:
         self.margin, self.sure, self.probe_every, self.max_interval = margin, sure, probe_every, max_interval
-        self.pair_within, self.min_rounds = pair_within, min_rounds
+        self.pair_within, self.min_rounds, self.probe_share = pair_within, min_rounds, probe_share
         self.tau: dict[int, tuple[float, float]] = {}  # gamma -> (tokens committed, rounds), decayed per record
         self.rows = 0  # the batch size the pairs were measured at
-        self.pairs: list[tuple[int, float]] = []  # (gamma, seconds ratio) of the recent pairs
-        # each arm's latest step: (step, gamma, seconds per row, paired already)
-        self.last: dict[bool, tuple[int, int, float, bool] | None] = {True: None, False: None}
+        self.pairs: list[tuple[int, float, int]] = []  # (gamma, seconds ratio, step) of the recent pairs
+        # each arm's recent steps: (step, gamma, seconds per row, paired already); a step in which only some rows
+        # drafted is neither arm's
+        self.recent: dict[bool, list[tuple[int, int, float, bool]]] = {True: [], False: []}
+        self.probed = -1  # the step of the latest probe of speculation on a share of the rows
         self.interval = probe_every
 
     def _same_batch(self, rows: int) -> bool:
         return abs(rows - self.rows) <= self.rows / 4
 
-    def record(self, step: int, rows: int, gamma: int, seconds: float, tokens: int, alpha: float) -> None:
-        """A decode-only step of ``rows`` rows with ``gamma`` drafts each (0: plain) that took ``seconds`` and
-        committed ``tokens``."""
+    def record(self, step: int, rows: int, gamma: int, seconds: float, tokens: int, alpha: float,
+               drafting: int | None = None) -> None:
+        """A decode-only step of ``rows`` rows, ``drafting`` of them (all by default) with ``gamma`` drafts each
+        (0: plain), that took ``seconds``; the drafting rows committed ``tokens``."""
         self.tau = {g: (0.99 * t, 0.99 * n) for g, (t, n) in self.tau.items()}
-        if gamma:
+        drafting = rows if drafting is None else drafting
+        if gamma and drafting:
             committed, rounds = self.tau.get(gamma, (0.0, 0.0))
-            self.tau[gamma] = (committed + tokens, rounds + rows)
+            self.tau[gamma] = (committed + tokens, rounds + drafting)
         if not self._same_batch(rows):
             self.rows, self.pairs, self.interval = rows, [], self.probe_every
-            self.last = {True: None, False: None}
+            self.recent, self.probed = {True: [], False: []}, -1
+        if gamma and drafting < rows:  # a probe on a share of the rows: acceptance only
+            self.probed = step
+            return
         speculating = gamma > 0
-        other = self.last[not speculating]
-        paired = other is not None and not other[3] and step - other[0] <= self.pair_within
-        self.last[speculating] = (step, gamma, seconds / rows, paired)
-        if paired:  # each step pairs once: with the other arm's latest, if that one has not been paired yet
-            self.last[not speculating] = (*other[:3], True)
-            spec, plain = self.last[True], self.last[False]
-            self.pairs = self.pairs[-7:] + [(spec[1], spec[2] / plain[2])]
-            if abs(self.gain(alpha) - 1) > self.sure:  # far from a tie: no need to look again soon
+        # each step pairs once: with the other arm's steps of the last pair_within steps that have not paired yet
+        others = [o for o in self.recent[not speculating] if step - o[0] <= self.pair_within and not o[3]]
+        mine = (step, gamma, seconds / rows, bool(others))
+        self.recent[speculating] = self.recent[speculating][-3:] + [mine]
+        if others:
+            self.recent[not speculating] = [(*o[:3], True) for o in self.recent[not speculating]]
+            other = statistics.median(o[2] for o in others)
+            spec, plain = (mine[2], other) if speculating else (other, mine[2])
+            drafts = gamma if speculating else others[-1][1]
+            self.pairs = self.pairs[-7:] + [(drafts, max(spec / plain, 1.0), step)]
+            if len(self.pairs) >= 3 and abs(self.gain(alpha) - 1) > self.sure:  # far from a tie: look again later
                 self.interval = self.max_interval
 
     def tokens_per_round(self, alpha: float, gamma: int) -> float:
@@ -181,18 +201,25 @@ class GoodputGate:
         """Measured throughput of speculation over plain decoding (None before the first pair)."""
         if not self.pairs:
             return None
-        return statistics.median(self.tokens_per_round(alpha, g) / ratio for g, ratio in self.pairs)
+        return statistics.median(self.tokens_per_round(alpha, g) / ratio for g, ratio, _ in self.pairs)
 
-    def decide(self, step: int, rows: int, alpha: float, model_gamma: int, fallback_gamma: int) -> int:
-        """The gamma for "auto" rows this step: the model's, overruled by a measured gain beyond the margin,
-        or a probe of the other arm (``fallback_gamma`` when the model says 0 and speculation is probed)."""
-        gain = self.gain(alpha) if self._same_batch(rows) else None
+    def decide(self, step: int, rows: int, alpha: float, model_gamma: int, fallback_gamma: int,
+               can_probe: bool = True) -> tuple[int, int]:
+        """The gamma for "auto" rows this step and how many of the ``rows`` rows draft: the model's gamma,
+        overruled by a measured gain beyond the margin, or a probe of the other arm (``fallback_gamma`` when the
+        model says 0 and speculation is probed). ``can_probe=False``: no probe this step (a step that is not all
+        decoding, which the gate does not record)."""
+        same = self._same_batch(rows)
+        gain = self.gain(alpha) if same else None
         speculate = model_gamma > 0
         if gain is not None and abs(gain - 1) > self.margin:
             speculate = gain > 1
-        other = self.last[not speculate] if self._same_batch(rows) else None
-        if other is None or step - other[0] >= self.interval:
-            speculate = not speculate
-            if other is not None:
+        other = self.recent[not speculate] if same else []
+        latest = max(other[-1][0] if other else -1, self.probed if same and not speculate else -1)
+        if can_probe and (latest < 0 or step - latest >= self.interval):
+            if latest >= 0:
                 self.interval = min(2 * self.interval, self.max_interval)
-        return (model_gamma or fallback_gamma) if speculate else 0
+            if not speculate and len(self.pairs) >= 2 and step - self.pairs[-1][2] < self.max_interval:
+                return model_gamma or fallback_gamma, max(1, -(-rows // self.probe_share))
+            speculate = not speculate
+        return (model_gamma or fallback_gamma) if speculate else 0, rows

@@ -284,15 +284,18 @@ class ServingEngine:
         drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
         drafted = time.perf_counter()
         emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
+        drafted_rows = [s for s, g in zip(rows, gammas) if g]
+        self._where = ("the engine", None)
         if decoding == len(rows) and self.gate is not None:  # the costs were measured on decode rows: learn there
-            self._learn_overheads(drafted - drafting, max(gammas), sum(g > 0 for g in gammas),
-                                  time.perf_counter() - start - (drafted - drafting), len(rows), sum(scheduled.values()))
+            if len(drafted_rows) in (0, len(rows)):  # (a verify step's overhead grows with the rows it verifies)
+                self._learn_overheads(drafted - drafting, max(gammas), len(drafted_rows),
+                                      time.perf_counter() - start - (drafted - drafting), len(rows),
+                                      sum(scheduled.values()))
             if all(s.gamma == "auto" for s in rows):
-                self._record_gain(rows, max(gammas), drafted - drafting, time.perf_counter() - start,
-                                  sum(map(len, emitted.values())))
+                self._record_gain(len(rows), drafted_rows, max(gammas), drafted - drafting,
+                                  time.perf_counter() - start, sum(len(emitted.get(s.seq_id, ())) for s in drafted_rows))
         self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
-                                     decoding, sum(g > 0 for g in gammas),
-                                     max(gammas), sum(gammas), len(self.free_blocks)))
+                                     decoding, len(drafted_rows), max(gammas), sum(gammas), len(self.free_blocks)))
         return emitted
 
     def _learn_overheads(self, draft_s: float, draft_forwards: int, draft_rows: int, other_s: float, rows: int,
@@ -310,15 +313,18 @@ class ServingEngine:
         if draft_forwards and not self._draft_was_behind:  # a catch-up forward is not the cost of drafting
             self._overhead_samples["draft_forward"].append(draft_s / draft_forwards - self.costs[1](draft_rows, 1))
 
-    def _record_gain(self, rows: list[Seq], gamma: int, draft_s: float, step_s: float, tokens: int) -> None:
-        """Feed the gate one step of "auto" rows. A draft that fell behind while speculation was off first feeds
-        every token it missed, once; the step is recorded as if that forward cost what its other forwards did
-        (with one draft, what the measured costs say a draft forward costs)."""
+    def _record_gain(self, rows: int, drafted: list[Seq], gamma: int, draft_s: float, step_s: float,
+                     tokens: int) -> None:
+        """Feed the gate one step of ``rows`` "auto" rows, of which ``drafted`` drafted and committed ``tokens``. A
+        draft that fell behind while speculation was off first feeds every token it missed, once; the step is
+        recorded as if that forward cost what its other forwards did (with one draft, what the measured costs say
+        a draft forward costs)."""
         if gamma and self._draft_was_behind:  # a clean forward of this step stands in, or the measured costs
             clean = (draft_s - self._draft_first_s) / (gamma - 1) if gamma > 1 else (
-                self.costs[1](len(rows), 1) + self.overheads["draft_forward"])
+                self.costs[1](len(drafted), 1) + self.overheads["draft_forward"])
             step_s -= self._draft_first_s - clean
-        self.gate.record(len(self.steps), len(rows), gamma, step_s, tokens, smoothed_alpha(*self.auto_evidence))
+        self.gate.record(len(self.steps), rows, gamma, step_s, tokens, smoothed_alpha(*self.auto_evidence),
+                         drafting=len(drafted))
 
     @property
     def overheads(self) -> dict[str, float]:
@@ -349,10 +355,14 @@ class ServingEngine:
             if tested < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
                 auto_gamma = max(auto_gamma, 1)
             self._auto_gamma = auto_gamma or self._auto_gamma
-            if self.gate is not None and len(auto) == len(decoding) == len(self.running):
-                auto_gamma = self.gate.decide(len(self.steps), B, alpha, auto_gamma, self._auto_gamma)
+            if self.gate is not None and len(auto) == len(self.running):
+                auto_gamma, drafting = self.gate.decide(len(self.steps), B, alpha, auto_gamma, self._auto_gamma,
+                                                        can_probe=len(decoding) == len(self.running))
+                if drafting < len(auto):  # a probe on a share of the rows: those the draft is closest to
+                    auto = sorted(auto, key=lambda s: (s.num_tokens - s.draft_computed, s.seq_id))[:drafting]
+        drafting = {s.seq_id for s in auto}
         for seq in self.running:
-            wanted = auto_gamma if seq.gamma == "auto" else int(seq.gamma)
+            wanted = (auto_gamma if seq.seq_id in drafting else 0) if seq.gamma == "auto" else int(seq.gamma)
             remaining = seq.stop.max_tokens - len(seq.output)  # never draft past max_tokens
             seq.lookahead = min(wanted, remaining - 1) if self._decoding(seq) else 0
 
