@@ -272,7 +272,6 @@ def test_goodput_gate_overrules_the_model_only_on_a_measured_gain_and_probes_les
     gate.record(60, 16, 0, 0.016, 16, 0.8)
     gate.record(61, 16, 1, 0.0288, 32, 0.8)  # ratio 1.8 at gamma 1, alpha 0.8: gain 1.0, within the margin
     assert gate.decide(62, 16, 0.8, 0, 3) == (0, 16) and gate.decide(63, 16, 0.8, 2, 3) == (2, 16)
-    assert gate.decide(70, 16, 0.8, 2, 3, can_probe=False) == (2, 16)  # a probe is due, but not in this step
 
     measured = GoodputGate(min_rounds=16, probe_every=4, max_interval=64)
     measured.record(0, 32, 0, 0.032, 32, 0.9)
@@ -306,8 +305,8 @@ def test_a_probe_on_a_share_of_the_rows_drafts_for_the_rows_the_draft_is_closest
     from specdec.serving.adaptive import GoodputGate, StepCosts
 
     class ShareGate(GoodputGate):  # probes two rows whenever it may
-        def decide(self, step, rows, alpha, model_gamma, fallback_gamma, can_probe=True):
-            return (3, 2) if can_probe and step % 3 == 0 else (0, rows)
+        def decide(self, step, rows, alpha, model_gamma, fallback_gamma):
+            return (3, 2) if step % 3 == 0 else (0, rows)
 
     target, draft = tiny_pair(vocab=32, noise=0.1)
     flat = (StepCosts([1, 100], [1.0, 1.0]), StepCosts([1, 100], [0.01, 0.01]))

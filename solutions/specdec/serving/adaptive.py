@@ -203,12 +203,10 @@ class GoodputGate:
             return None
         return statistics.median(self.tokens_per_round(alpha, g) / ratio for g, ratio, _ in self.pairs)
 
-    def decide(self, step: int, rows: int, alpha: float, model_gamma: int, fallback_gamma: int,
-               can_probe: bool = True) -> tuple[int, int]:
+    def decide(self, step: int, rows: int, alpha: float, model_gamma: int, fallback_gamma: int) -> tuple[int, int]:
         """The gamma for "auto" rows this step and how many of the ``rows`` rows draft: the model's gamma,
         overruled by a measured gain beyond the margin, or a probe of the other arm (``fallback_gamma`` when the
-        model says 0 and speculation is probed). ``can_probe=False``: no probe this step (a step that is not all
-        decoding, which the gate does not record)."""
+        model says 0 and speculation is probed)."""
         same = self._same_batch(rows)
         gain = self.gain(alpha) if same else None
         speculate = model_gamma > 0
@@ -216,7 +214,7 @@ class GoodputGate:
             speculate = gain > 1
         other = self.recent[not speculate] if same else []
         latest = max(other[-1][0] if other else -1, self.probed if same and not speculate else -1)
-        if can_probe and (latest < 0 or step - latest >= self.interval):
+        if latest < 0 or step - latest >= self.interval:
             if latest >= 0:
                 self.interval = min(2 * self.interval, self.max_interval)
             if not speculate and len(self.pairs) >= 2 and step - self.pairs[-1][2] < self.max_interval:

@@ -355,9 +355,9 @@ class ServingEngine:
             if tested < AUTO_PROBE_BELOW:  # too little recent evidence: draft one token to measure acceptance
                 auto_gamma = max(auto_gamma, 1)
             self._auto_gamma = auto_gamma or self._auto_gamma
-            if self.gate is not None and len(auto) == len(self.running):
-                auto_gamma, drafting = self.gate.decide(len(self.steps), B, alpha, auto_gamma, self._auto_gamma,
-                                                        can_probe=len(decoding) == len(self.running))
+            if self.gate is not None and len(auto) == len(decoding) == len(self.running):
+                # only where it measures: in a step that also prefills, speculation costs a smaller share
+                auto_gamma, drafting = self.gate.decide(len(self.steps), B, alpha, auto_gamma, self._auto_gamma)
                 if drafting < len(auto):  # a probe on a share of the rows: those the draft is closest to
                     auto = sorted(auto, key=lambda s: (s.num_tokens - s.draft_computed, s.seq_id))[:drafting]
         drafting = {s.seq_id for s in auto}
