@@ -281,10 +281,10 @@ class ServingEngine:
         decoding = sum(self._decoding(s) for s in rows)
         drafting = time.perf_counter()
         self._where = ("the draft's forward", None)
-        drafts, qs = self._draft([s for s, g in zip(rows, gammas) if g], [g for g in gammas if g])
+        drafted_rows = [s for s, g in zip(rows, gammas) if g]
+        drafts, qs = self._draft(drafted_rows, [g for g in gammas if g])
         drafted = time.perf_counter()
         emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
-        drafted_rows = [s for s, g in zip(rows, gammas) if g]
         self._where = ("the engine", None)
         if decoding == len(rows) and self.gate is not None:  # the costs were measured on decode rows: learn there
             if len(drafted_rows) in (0, len(rows)):  # (a verify step's overhead grows with the rows it verifies)
@@ -360,9 +360,9 @@ class ServingEngine:
                 auto_gamma, drafting = self.gate.decide(len(self.steps), B, alpha, auto_gamma, self._auto_gamma)
                 if drafting < len(auto):  # a probe on a share of the rows: those the draft is closest to
                     auto = sorted(auto, key=lambda s: (s.num_tokens - s.draft_computed, s.seq_id))[:drafting]
-        drafting = {s.seq_id for s in auto}
+        drafting_ids = {s.seq_id for s in auto}
         for seq in self.running:
-            wanted = (auto_gamma if seq.seq_id in drafting else 0) if seq.gamma == "auto" else int(seq.gamma)
+            wanted = (auto_gamma if seq.seq_id in drafting_ids else 0) if seq.gamma == "auto" else int(seq.gamma)
             remaining = seq.stop.max_tokens - len(seq.output)  # never draft past max_tokens
             seq.lookahead = min(wanted, remaining - 1) if self._decoding(seq) else 0
 
