@@ -14,7 +14,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-cohort nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
@@ -70,7 +70,11 @@ lab: $(STAMP)
 
 test: $(STAMP) $(SANDBOX_STAMP)
 	$(BIN)/ruff check solutions tests tests_ui tests_cluster
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not cohort" $(PYTEST_ARGS)
+
+# Whole cohorts of hostile, broken and honest submissions graded in the sandbox (tests marked cohort): minutes.
+test-cohort: $(STAMP) $(SANDBOX_STAMP)
+	$(BIN)/python -m pytest -m cohort $(PYTEST_ARGS)
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" --nbval-lax $(if $(NB),$(wildcard grader/source/$(NB)*/*.ipynb),grader/source)

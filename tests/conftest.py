@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import json
+import resource
 import shutil
 import tempfile
 import threading
@@ -148,6 +150,23 @@ BACKGROUND_JOBS: dict[str, Callable[[Path], object]] = {}
 _results: dict[str, Future] = {}
 _scratch: list[Path] = []
 _seconds: dict[str, float] = {}  # each background job's wall time, printed at the end of the session
+# CPU seconds, the suite's budget (tests/budget.json): each in-process test's (its thread's time: the background lane
+# does not count), each background job's (its thread's time and its subprocesses', reaped while it ran)
+_test_cpu: dict[str, float] = {}
+_job_cpu: dict[str, float] = {}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+_selected: list[str] = []  # the node ids of the tests this session runs
+
+
+def selected_nodeids() -> list[str]:
+    """The tests this session runs (a background job may compute only what they need)."""
+    return list(_selected)
 
 
 def background_job(fixture_name: str):
@@ -173,18 +192,25 @@ def _start(names: list[str]) -> None:
         for name, future in futures.items():
             scratch = Path(tempfile.mkdtemp(prefix=f"specdec-{name}-"))
             _scratch.append(scratch)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time() + _children_cpu()
             try:
                 future.set_result(BACKGROUND_JOBS[name](scratch))
             except BaseException as error:  # handed to the tests that need it
                 future.set_exception(error)
             _seconds[name] = time.perf_counter() - start
+            _job_cpu[name] = time.thread_time() + _children_cpu() - cpu
 
     threading.Thread(target=run, name="pipeline-jobs", daemon=True).start()
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected: only the jobs the selected tests need start
 def pytest_collection_modifyitems(session, config, items) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("pipeline") is not None)  # stable: pipeline tests last
+    # stable: pipeline tests last, the budget test after them
+    items.sort(key=lambda item: (item.get_closest_marker("budget") is not None, item.get_closest_marker("pipeline") is not None))
+    # `make test`'s selection: every test but the cohort suite (`make test-cohort`)
+    config.whole_suite = (config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
+                          and config.option.markexpr == "not cohort" and not config.option.deselect)
+    _selected[:] = [item.nodeid for item in items]
     wanted = {name for item in items for name in getattr(item, "fixturenames", ())}
     names = [name for name in BACKGROUND_JOBS if name in wanted and name not in _results]
     if names:
@@ -192,15 +218,65 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         _start(names)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.thread_time()
+    yield
+    _test_cpu[item.nodeid] = time.thread_time() - start
+
+
+def lane_cpu() -> dict[str, float]:
+    """CPU seconds of each lane so far: the in-process tests, the background jobs (finished ones)."""
+    return {"in-process": sum(_test_cpu.values()), "background": sum(_job_cpu.values())}
+
+
+def slowest(count: int = 20) -> list[tuple[str, float]]:
+    """The ``count`` slowest tests and background jobs, by CPU seconds."""
+    every = [*_test_cpu.items(), *((f"background job {name}", cpu) for name, cpu in _job_cpu.items())]
+    return sorted(every, key=lambda pair: -pair[1])[:count]
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if _seconds:
         jobs = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in _seconds.items())
         terminalreporter.write_line(f"background jobs (one after another, beside the in-process tests): {jobs}")
+    if _test_cpu:
+        lanes = ", ".join(f"{lane} {cpu:.0f} s" for lane, cpu in lane_cpu().items())
+        terminalreporter.write_line(f"CPU time by lane: {lanes}; the slowest 20 (CPU seconds):")
+        for name, cpu in slowest():
+            terminalreporter.write_line(f"  {cpu:7.1f}  {name}")
+
+
+BUDGET_FILE = Path(__file__).with_name("budget.json")
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--write-budget", action="store_true",
+                     help=f"after a passing run of the whole suite, write its CPU time per lane into {BUDGET_FILE.name}")
+
+
+def wait_for_background_jobs() -> None:
+    for future in _results.values():
+        future.exception()
+
+
+TIMES_FILE = Path(__file__).resolve().parent.parent / "artifacts" / "test-times.json"
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    for future in _results.values():
-        future.exception()  # wait: no nbgrader left running after the session
+    wait_for_background_jobs()  # no nbgrader left running after the session
+    if _test_cpu:  # this run's CPU seconds, per lane and per test (the budget test compares the lanes)
+        TIMES_FILE.parent.mkdir(exist_ok=True)
+        TIMES_FILE.write_text(json.dumps({"lanes": lane_cpu(), "background_jobs": _job_cpu, "tests": _test_cpu,
+                                          "background_wall_s": _seconds}, indent=1) + "\n")
+    if session.config.getoption("--write-budget"):
+        if exitstatus != 0 or not getattr(session.config, "whole_suite", False):
+            print(f"\n--write-budget: {BUDGET_FILE.name} left as it was (only a passing run of the whole suite is written)")
+        else:
+            budget = {"lanes": {lane: round(cpu) for lane, cpu in lane_cpu().items()}, "tests": len(session.items),
+                      "measured": time.strftime("%Y-%m-%d") + ", CPU seconds (not wall): the in-process tests' thread, "
+                                  "the background jobs' thread and subprocesses"}
+            BUDGET_FILE.write_text(json.dumps(budget, indent=1) + "\n")
     for scratch in _scratch:
         shutil.rmtree(scratch, ignore_errors=True)
 

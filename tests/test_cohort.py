@@ -115,6 +115,7 @@ def _score(totals, student) -> float:
     return float(totals[student]["score"])
 
 
+@pytest.mark.cohort
 def test_good_and_repaired_submissions_get_full_marks(graded):
     totals, _ = graded
     for student in ("correct", "deleted_test", "edited_test", "reordered", "chatty"):
@@ -124,6 +125,7 @@ def test_good_and_repaired_submissions_get_full_marks(graded):
     assert _score(totals, "blank") == 0
 
 
+@pytest.mark.cohort
 def test_unreadable_and_foreign_notebooks_are_named_not_graded(graded):
     totals, out = graded
     assert "not valid JSON" in totals["broken_json"]["messages"] and totals["broken_json"]["graded"] == "False"
@@ -133,6 +135,7 @@ def test_unreadable_and_foreign_notebooks_are_named_not_graded(graded):
     assert "99_unknown" in (out / "report.txt").read_text()
 
 
+@pytest.mark.cohort
 def test_a_stuck_or_crashing_answer_loses_only_its_own_points(graded):
     totals, out = graded
     assert 0 < _score(totals, "endless") < FULL  # the other exercises still count
@@ -145,6 +148,7 @@ def test_a_stuck_or_crashing_answer_loses_only_its_own_points(graded):
     assert 0 < _score(totals, "hog") < FULL  # MemoryError under the limit, in that exercise only
 
 
+@pytest.mark.cohort
 def test_tampering_is_flagged_and_cannot_reach_the_course(graded):
     totals, _ = graded
     assert (totals["patches_checks"]["flagged"] == "True"
@@ -154,6 +158,7 @@ def test_tampering_is_flagged_and_cannot_reach_the_course(graded):
     assert totals["correct"]["flagged"] == "False"
 
 
+@pytest.mark.cohort
 def test_an_answer_that_imports_the_reference_is_flagged_for_the_instructor(graded):
     totals, _ = graded
     row = totals["calls_reference"]
@@ -168,6 +173,7 @@ def test_an_answer_that_imports_the_reference_is_flagged_for_the_instructor(grad
     assert _score(totals, "calls_reference") == 5.0
 
 
+@pytest.mark.cohort
 def test_outputs_grades_summary_and_feedback(graded):
     totals, out = graded
     assert "printed too much: 4.9 MB of output cut from the feedback" in totals["chatty"]["messages"]
@@ -245,6 +251,7 @@ def sleeper_graded():
     return background_result("sleeper_graded")
 
 
+@pytest.mark.cohort
 def test_a_notebook_past_the_whole_notebook_limit_is_killed_with_its_kernel(sleeper_graded):
     code, row, kernels_left = sleeper_graded
     assert code == 0

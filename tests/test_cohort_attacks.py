@@ -133,6 +133,7 @@ def attacked():
     return background_result("attacked")
 
 
+@pytest.mark.cohort
 def test_no_attack_scores_more_than_its_honest_part(attacked):
     totals, *_ = attacked
     table = {name: (float(totals[name]["score"]), most) for name, (_, most) in ATTACKS.items()}
@@ -140,6 +141,7 @@ def test_no_attack_scores_more_than_its_honest_part(attacked):
     assert not gained, f"attacks that gained points: {gained} (table: {table})"
 
 
+@pytest.mark.cohort
 def test_honest_students_beside_attackers_score_as_alone(attacked):
     totals, *_ = attacked
     for name, (_, expected) in HONEST.items():
@@ -147,12 +149,14 @@ def test_honest_students_beside_attackers_score_as_alone(attacked):
         assert totals[name]["needs_review"] == "False" and totals[name]["flagged"] == "False", totals[name]
 
 
+@pytest.mark.cohort
 def test_a_linked_notebook_is_refused_and_held(attacked):
     totals, *_ = attacked
     row = totals["symlinked"]
     assert row["graded"] == "False" and row["needs_review"] == "True" and "is a link" in row["messages"], row
 
 
+@pytest.mark.cohort
 def test_nothing_outlives_the_run_or_escapes_the_sandbox(attacked):
     _, _, survivors, _ = attacked
     assert not survivors, f"processes of the sandbox's uid still running: {survivors}"
@@ -161,12 +165,14 @@ def test_nothing_outlives_the_run_or_escapes_the_sandbox(attacked):
     assert not os.path.exists(MARKER), "a submission's process outlived its sandbox"
 
 
+@pytest.mark.cohort
 def test_a_replaced_grader_helper_is_held_for_review(attacked):
     totals, *_ = attacked
     row = totals["helper_replaced"]
     assert row["needs_review"] == "True" and "replaced the grader's helper" in row["messages"], row
 
 
+@pytest.mark.cohort
 def test_a_reference_call_is_evidence_not_silence(attacked):
     totals, *_ = attacked
     row = totals["read_the_answers"]

@@ -75,6 +75,7 @@ def _table(path: Path, drop: str | None = None) -> list[dict]:
     return [{k: v for k, v in row.items() if k != drop} for row in csv.DictReader(open(path))]
 
 
+@pytest.mark.cohort
 @pytest.mark.pipeline
 def test_three_shards_merged_equal_one_machine(sharded):
     one, merged = sharded / "one", sharded / "results" / "all"

@@ -72,12 +72,15 @@ def test_reference_loop_through_the_adapter_is_target_only_greedy_and_transforme
 
 @pytest.mark.parametrize("name", ["target_only_generate", "speculative_generate"])
 def test_sampling_through_the_adapter_passes_notebook_05s_enumeration(tmp_path, name):
-    """Notebook 05's check: tokens 1-3 of 1500 seeded runs (temperature 0.8, top-k 4, top-p 0.9) against the
-    exact joint of the target, enumerated with the course's model; the runs go through Hugging Face folders."""
+    """Notebook 05's check: tokens 1-3 of seeded runs (temperature 0.8, top-k 4, top-p 0.9) against the exact joint
+    of the target, enumerated with the course's model; the runs go through Hugging Face folders. 400 runs, not the
+    notebook's 1500: the adapter returns the course model's logits (test_folders_load_through_the_auto_classes), so
+    this only has to catch a sampling path the adapter breaks, a gross error (an outcome of probability 0, or one
+    off by more than its 5-sigma band at 400 runs)."""
     def through(model: Llama) -> PretrainedLM:
         return load_pretrained(save_folder(model, tmp_path / str(id(model)), torch.float32, with_tokenizer=False))
 
-    _check_sampling(getattr(engine, name), name, through=through)
+    _check_sampling(getattr(engine, name), name, n=400, through=through)
 
 
 def test_crop_rolls_back_in_place(pair):
@@ -236,5 +239,5 @@ def test_transformers_rows_ignore_the_checkpoints_generation_defaults(folders, t
     out = tmp_path / "r.json"
     assert bench_main(["--threads", "1",
                        "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompts", "code",
-                       "--num-prompts", "2", "--tokens", "48", "--json", str(out)]) == 0
-    assert all(r["identical"] == "2/2" for r in json.loads(out.read_text())["rows"])
+                       "--num-prompts", "1", "--tokens", "48", "--json", str(out)]) == 0
+    assert all(r["identical"] == "1/1" for r in json.loads(out.read_text())["rows"])

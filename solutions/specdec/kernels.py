@@ -31,6 +31,11 @@ if not torch.cuda.is_available():  # must happen before Triton is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from specdec import interpreter_speedup
+
+    interpreter_speedup.install()
+
 PAD = -1  # token id written after a row's last committed token
 
 

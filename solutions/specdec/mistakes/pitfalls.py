@@ -111,13 +111,13 @@ MISTAKES = [
     Mistake("stream_counts", "streams_whole_round", shipped.stream_counts,
             "a round commits up to gamma + 1 tokens at once, but nothing after the first EOS (or past max_tokens) may "
             "be streamed: cut each row at its first stop"),
-    Mistake("stream_counts", "drops_the_eos", lambda *a: _stream(*a, drop_eos=True),
+    Mistake("stream_counts", "drops_the_eos", lambda *a, **k: _stream(*a, **k, drop_eos=True),
             "the EOS itself is streamed (it ends the output); stop after it, not before it"),
-    Mistake("stream_counts", "ignores_max_tokens", lambda *a: _stream(*a, no_limit=True),
+    Mistake("stream_counts", "ignores_max_tokens", lambda *a, **k: _stream(*a, **k, no_limit=True),
             "max_tokens counts the tokens of earlier rounds too: a row may stream at most max_tokens - generated"),
-    Mistake("stream_counts", "max_tokens_one_late", lambda *a: _stream(*a, late=1),
+    Mistake("stream_counts", "max_tokens_one_late", lambda *a, **k: _stream(*a, **k, late=1),
             "the max_tokens-th token is the last one: stream at most max_tokens - generated"),
-    Mistake("stream_counts", "row_zero_for_all", lambda *a: _stream(*a, row_zero=True),
+    Mistake("stream_counts", "row_zero_for_all", lambda *a, **k: _stream(*a, **k, row_zero=True),
             "every row has its own committed count, history and limit: use row b's values for row b"),
     Mistake("draft_propose", "greedy_keeps_softmax_q", _greedy_fix_softmax_q,
             "a greedy token is drawn from the one-hot at its argmax: report that q (params.probs gives it at "
