@@ -7,7 +7,7 @@ import ast
 import copy
 import functools
 import json
-import resource
+import os
 import shutil
 import tempfile
 import threading
@@ -141,10 +141,11 @@ class RoundTrip:
 
 
 # --- Slow pipeline work in the background -------------------------------------------------------------------
-# nbgrader runs in subprocesses that keep one core busy for minutes while the in-process tests need the
-# other. A job registered here starts right after collection, if a selected test uses the fixture of the
-# same name, and runs in one background thread (jobs one after another, in registration order); the fixture
-# waits for its result. Pipeline tests run last, so the in-process tests overlap the jobs.
+# nbgrader runs in subprocesses that keep a core busy for minutes while the in-process tests need the other.
+# A job registered here starts right after collection, if a selected test uses the fixture of the same name,
+# and runs in its lane's background thread (a lane's jobs one after another, in registration order; the
+# lanes side by side: nbgrader's, and the catalogued mistakes' notebook cells); the fixture waits for its
+# result. Pipeline tests run last, so the in-process tests overlap the jobs.
 
 BACKGROUND_JOBS: dict[str, Callable[[Path], object]] = {}
 _results: dict[str, Future] = {}
@@ -156,9 +157,25 @@ _test_cpu: dict[str, float] = {}
 _job_cpu: dict[str, float] = {}
 
 
+_reaped = threading.local()  # per thread: CPU seconds of the subprocesses it waited for (their children included)
+_waitpid = os.waitpid
+
+
+def _waitpid_counting(pid: int, options: int) -> tuple[int, int]:
+    """os.waitpid, through os.wait4 so that the finished child's CPU time is added to the thread that waited for it
+    (subprocess and multiprocessing wait through os.waitpid): a lane's time includes the processes it ran."""
+    done, status, usage = os.wait4(pid, options)
+    if done:
+        _reaped.cpu = getattr(_reaped, "cpu", 0.0) + usage.ru_utime + usage.ru_stime
+    return done, status
+
+
+os.waitpid = _waitpid_counting
+
+
 def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    """CPU seconds of the subprocesses this thread has waited for."""
+    return getattr(_reaped, "cpu", 0.0)
 
 
 _selected: list[str] = []  # the node ids of the tests this session runs
@@ -169,10 +186,15 @@ def selected_nodeids() -> list[str]:
     return list(_selected)
 
 
-def background_job(fixture_name: str):
-    """Register ``fn(scratch_dir) -> result`` as the work behind the session fixture ``fixture_name``."""
+_lane_of: dict[str, str] = {}  # job -> the background thread that runs it
+
+
+def background_job(fixture_name: str, lane: str = "nbgrader"):
+    """Register ``fn(scratch_dir) -> result`` as the work behind the session fixture ``fixture_name``; the jobs of
+    one ``lane`` run one after another in one thread, lanes side by side."""
     def register(fn):
         BACKGROUND_JOBS[fixture_name] = fn
+        _lane_of[fixture_name] = lane
         return fn
     return register
 
@@ -187,7 +209,11 @@ def background_result(fixture_name: str):
 def _start(names: list[str]) -> None:
     futures = {name: Future() for name in names}
     _results.update(futures)
+    for lane in dict.fromkeys(_lane_of[name] for name in names):
+        _start_lane(lane, {name: future for name, future in futures.items() if _lane_of[name] == lane})
 
+
+def _start_lane(lane: str, futures: dict[str, Future]) -> None:
     def run() -> None:
         for name, future in futures.items():
             scratch = Path(tempfile.mkdtemp(prefix=f"specdec-{name}-"))
@@ -200,7 +226,7 @@ def _start(names: list[str]) -> None:
             _seconds[name] = time.perf_counter() - start
             _job_cpu[name] = time.thread_time() + _children_cpu() - cpu
 
-    threading.Thread(target=run, name="pipeline-jobs", daemon=True).start()
+    threading.Thread(target=run, name=f"background-{lane}", daemon=True).start()
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected: only the jobs the selected tests need start
@@ -214,15 +240,15 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     wanted = {name for item in items for name in getattr(item, "fixturenames", ())}
     names = [name for name in BACKGROUND_JOBS if name in wanted and name not in _results]
     if names:
-        torch.set_num_threads(1)  # the in-process tests get one core, the background job the other
+        torch.set_num_threads(1)  # one thread per process: the in-process tests and the background jobs share 2 cores
         _start(names)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    start = time.thread_time()
+    start = time.thread_time() + _children_cpu()
     yield
-    _test_cpu[item.nodeid] = time.thread_time() - start
+    _test_cpu[item.nodeid] = time.thread_time() + _children_cpu() - start
 
 
 def lane_cpu() -> dict[str, float]:

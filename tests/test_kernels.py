@@ -182,3 +182,17 @@ def test_kernel_benchmark_says_it_needs_a_gpu(capsys):
 
     assert main([]) == 0
     assert "No CUDA GPU" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs only without a GPU")
+def test_the_interpreter_patches_its_language_once_per_launch():
+    """kernels._interpret_faster is in place (a Triton whose interpreter changed would silently lose it: about half
+    of every kernel test's time), and a launch after it computes what the reference computes."""
+    import os
+
+    from specdec import kernels
+
+    assert os.environ.get("TRITON_INTERPRET") == "1" and kernels._interpret_faster()
+    w = torch.rand(3, 37, generator=torch.Generator().manual_seed(0))
+    e = kernels.exponential_noise(3, 37, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(kernels.race(w, e, block_v=8), (w / e).argmax(-1))

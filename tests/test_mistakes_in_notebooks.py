@@ -171,7 +171,7 @@ def run_cells(wanted: set[str]) -> dict[str, tuple[str, str, str]]:
     return results
 
 
-@background_job("mistake_cells")
+@background_job("mistake_cells", lane="cells")  # beside nbgrader's jobs: 3 processes, 2 cores
 def _mistake_cells(scratch: Path) -> dict[str, tuple[str, str, str]]:
     """The selected tests' runs, in a subprocess of this file (see ``__main__`` below)."""
     wanted = {node.split("[", 1)[1][:-1] for node in selected_nodeids() if Path(__file__).name in node and "[" in node}

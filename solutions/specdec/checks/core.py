@@ -54,6 +54,7 @@ def call(fn: Callable, label: str, *args: Any, changes_inputs: bool = False) -> 
     """Call the learner's function, turning an exception into a readable failure, and (unless the exercise is
     meant to change them: ``changes_inputs``) failing when it changed a list, dict or tensor it was given."""
     before = None if changes_inputs else snapshot_inputs(args)
+    rng = global_rng_state(args)
     try:
         result = fn(*args)
     except NotImplementedError as err:
@@ -64,7 +65,25 @@ def call(fn: Callable, label: str, *args: Any, changes_inputs: bool = False) -> 
         raise CheckFailure(f"{label} raised {type(err).__name__}: {err}") from None
     if before is not None:
         expect_untouched(label, args, before)
+    expect_no_global_draws(label, rng)
     return result
+
+
+def global_rng_state(args: Sequence[Any]) -> torch.Tensor | None:
+    """torch's global random state before a call that was given a generator (None when it was given none)."""
+    return torch.get_rng_state() if any(isinstance(a, torch.Generator) for a in args) else None
+
+
+def expect_no_global_draws(label: str, state: torch.Tensor | None) -> None:
+    """A function given a generator draws every random number from it: torch's global state must not have moved.
+    Checked on every call, so every path counts (a rejection's resample, a bonus token, a fallback), not only the
+    paths a reproducibility test happens to take."""
+    if state is not None and not torch.equal(state, torch.get_rng_state()):
+        raise CheckFailure(
+            f"{label} drew from torch's global random state although it was given a generator: draw every random "
+            "number from the generator you are given (torch.rand(..., generator=generator), torch.multinomial(..., "
+            "generator=generator), specdec.sampling.sample(probs, generator)), on every path (a rejection's "
+            "resample, the bonus token, a fallback); otherwise the same seed does not give the same result.")
 
 
 _NOT_DATA = object()  # an argument the snapshot leaves out (a model, a cache, a generator, a config)
@@ -257,10 +276,12 @@ def call_recorded(fn: Callable, label: str, args: tuple, mistakes: Sequence[Mist
     naming the input and the likely mistake (or the failing exercise fn calls). ``named``: the learner's function
     when fn wraps it. Unless ``changes_inputs``, changing a list or tensor argument in place fails."""
     before = None if changes_inputs else snapshot_inputs(args)
+    rng = global_rng_state(args)
     try:
         result = fn(*args)
         if before is not None:
             expect_untouched(label, args, before)
+        expect_no_global_draws(label, rng)
         return result
     except NotImplementedError as err:
         raise not_implemented(named or fn, label, err) from None

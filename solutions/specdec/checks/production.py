@@ -89,10 +89,19 @@ def _outcome_of(fn: Callable, outcome: Callable[[tuple, Any], tuple]) -> Callabl
 
 
 # ---- prefix caching --------------------------------------------------------------------------
-def _cache_state(cache: PrefixCache) -> tuple:
-    """What a caller can see of a cache: both sides of the map, and the hit counters (the engine counts hits)."""
-    return (dict(sorted(cache.block_of.items())), dict(sorted(cache.key_of.items())),
-            {"queried_tokens": cache.queried_tokens, "hit_tokens": cache.hit_tokens})
+def _tree_state(node) -> tuple:
+    """A suffix tree's counts, children in order: a lookup must leave it as it was."""
+    return node.count, tuple((token, _tree_state(child)) for token, child in node.children.items())
+
+
+def _cache_state(cache: PrefixCache, ordered: bool = False) -> tuple:
+    """What a caller can see of a cache: both sides of the map, and the hit counters (the engine counts hits);
+    ``ordered``: the maps' entries in their order too (a lookup must leave even that as it was)."""
+    if ordered:
+        maps = (tuple(cache.block_of.items()), tuple(cache.key_of.items()))
+    else:
+        maps = (dict(sorted(cache.block_of.items())), dict(sorted(cache.key_of.items())))
+    return (*maps, {"queried_tokens": cache.queried_tokens, "hit_tokens": cache.hit_tokens})
 
 
 def _published(rng: random.Random, vocab: int, block_size: int) -> tuple[PrefixCache, list[list[int]]]:
@@ -141,12 +150,13 @@ def check_match_prefix(fn: Callable) -> None:
                       (cache, query, bs)))
 
     def outcome(args, returned):
-        return (("the return value", returned), ("the cache afterwards", _cache_state(args[0])),
+        return (("the return value", returned), ("the cache afterwards (its entries in order)",
+                                                 _cache_state(args[0], ordered=True)),
                 ("the tokens afterwards", list(args[1])))
 
     _compare(fn, match_prefix, cases, outcome,
              "match_prefix returns a list of block ids, in the order of the prompt, and changes neither the cache "
-             "(its maps or its hit counters: the engine counts the hits) nor the tokens.")
+             "(its maps, their order, or its hit counters: the engine counts the hits) nor the tokens.")
 
 
 def check_publish_blocks(fn: Callable) -> None:
@@ -605,7 +615,7 @@ def check_propose_from_tree(fn: Callable) -> None:
     cases += _caps_and_thresholds(random.Random(29))
 
     def outcome(args, returned):
-        return (("the return value", returned),)
+        return (("the return value", returned), ("the tree afterwards (every count)", _tree_state(args[0].root)))
 
     _compare(fn, propose_from_tree, cases, outcome,
              "Return (drafts, probability): a list of ints and a float (0.0 when there is no draft).")

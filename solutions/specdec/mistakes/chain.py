@@ -12,7 +12,7 @@ from specdec.sampling import probs_from_logits
 
 
 def _chain(p, q, draft, generator=None, *, bonus_argmax=False, keep_going=False, from_p=False, bonus=True,
-           float32=False, residual_floor=0.0):
+           float32=False, residual_floor=0.0, bonus_from_global=False):
     gamma, committed = draft.shape[0], []
     for i in range(gamma):
         y = int(draft[i])
@@ -33,7 +33,8 @@ def _chain(p, q, draft, generator=None, *, bonus_argmax=False, keep_going=False,
             return torch.tensor(committed)
     if not bonus:
         return torch.tensor(committed)
-    extra = int(p[gamma].argmax()) if bonus_argmax else int(torch.multinomial(p[gamma].double(), 1, generator=generator))
+    bonus_generator = None if bonus_from_global else generator  # None: torch's global random state
+    extra = int(p[gamma].argmax()) if bonus_argmax else int(torch.multinomial(p[gamma].double(), 1, generator=bonus_generator))
     return torch.tensor(committed + [extra])
 
 
@@ -145,4 +146,9 @@ MISTAKES: list[Mistake] = [
             "the uniforms and ratios are float32; draw them in float64."),
     Mistake("verify_chain", "global_rng", lambda p, q, d, g=None: _chain(p, q, d, None),
             "Draw every uniform and every sample with the generator you are given."),
+    Mistake("verify_chain", "bonus_from_global_rng", lambda p, q, d, g=None: _chain(p, q, d, g, bonus_from_global=True),
+            "the bonus token is drawn from torch's global random state: pass the generator there too."),
+    Mistake("verify_chain_batched", "bonus_from_global_rng",
+            _batched(lambda p, q, d, g=None: _chain(p, q, d, g, bonus_from_global=True)),
+            "the bonus token is drawn from torch's global random state: pass the generator there too."),
 ]

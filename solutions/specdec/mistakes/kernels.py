@@ -60,6 +60,11 @@ MISTAKES = [
              "each program must offset its pointers to its own row: w_ptr + b * V + cols",
              ("w_ptr + b * V + cols", "w_ptr + cols"), ("e_ptr + b * V + cols", "e_ptr + cols")),
     # -- logsumexp_kernel
+    _mistake(kernels.logsumexp_kernel, "padding_lanes_max_zero",
+             "lanes past V must load -inf: loaded as 0 and left out of the sum, they still raise the running max to 0 "
+             "when every real logit is negative, and exp(x - 0) underflows to 0 for logits far below it",
+             ('mask=cols < V, other=-float("inf"))', "mask=cols < V, other=0.0)"),
+             ("tl.sum(tl.exp(x - shift), 0)", "tl.sum(tl.where(cols < V, tl.exp(x - shift), 0.0), 0)")),
     _mistake(kernels.logsumexp_kernel, "running_max_from_zero",
              "start the running max at -inf, not 0: when every logit is far below 0, exp(x - 0) underflows to 0 and "
              "the log of the sum is -inf",
@@ -149,6 +154,11 @@ MISTAKES = [
     _mistake(kernels.tree_attention_kernel, "prefix_hidden",
              "every node sees the whole prefix (keys j < L); the tree mask only covers the tree's own keys",
              ("visible = in_keys & ((j < L) | sees)", "visible = in_keys & sees")),
+    _mistake(kernels.tree_attention_kernel, "padding_lanes_score_zero",
+             "the lanes past the last key must score -inf, not 0: a 0 raises the running max above every real score "
+             "when all of them are negative, and exp(score - max) underflows to 0 (then 0 / 0 = NaN)",
+             ('axis=1) * scale, -float("inf"))', 'axis=1) * scale, tl.where(in_keys, -float("inf"), 0.0))'),
+             ("weights = tl.exp(scores - m_new)", "weights = tl.where(in_keys, tl.exp(scores - m_new), 0.0)")),
     _mistake(kernels.tree_attention_kernel, "unscaled_scores",
              "scale the scores by 1 / sqrt(d) (the scale argument) before the softmax",
              ("axis=1) * scale, -float", "axis=1), -float")),

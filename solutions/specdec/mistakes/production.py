@@ -15,7 +15,7 @@ from specdec.serving.prefix_cache import prefix_key
 
 # ---- match_prefix -------------------------------------------------------------------------
 def _match(cache, tokens, block_size, *, leave=1, own_tokens=False, skip_misses=False, last_block_only=False,
-           count_hits=False, order="prompt"):
+           count_hits=False, order="prompt", refresh=False):
     blocks, i = [], 0
     while (i + 1) * block_size <= len(tokens) - leave:
         own = tuple(tokens[i * block_size:(i + 1) * block_size])
@@ -30,10 +30,24 @@ def _match(cache, tokens, block_size, *, leave=1, own_tokens=False, skip_misses=
                 continue
             break
         blocks.append(block)
+    if refresh:  # "touch" each hit, as an LRU would: re-inserted, so the maps' order changes
+        for block in blocks:
+            key = cache.key_of.pop(block)
+            del cache.block_of[key]
+            cache.block_of[key], cache.key_of[block] = block, key
     if count_hits:  # the engine counts the hits itself: these count them twice
         cache.queried_tokens += len(tokens)
         cache.hit_tokens += len(blocks) * block_size
     return sorted(blocks) if order == "sorted" else blocks
+
+
+def _propose_counting(tree, tokens, *rest, **kwargs):
+    drafts, probability = _propose(tree, tokens, *rest, **kwargs)
+    _, node = tree.longest_match(tokens)
+    for token in drafts:  # each draft's node counted once more, as if it had occurred
+        node = node.children[token]
+        node.count += 1
+    return drafts, probability
 
 
 # ---- publish_blocks -----------------------------------------------------------------------
@@ -76,7 +90,8 @@ def _masks(matcher, drafts, *, rollback=True, rows="n+1", validate=True, cut_dra
 
 # ---- constrained_round --------------------------------------------------------------------
 def _round(matcher, drafts, q, logits, params=GREEDY, generator=None, *, drop=False, unmasked=False, advance=True,
-           keep_bonus=False, shift=False, in_place=False, end="cut_to_n", no_drafts="one_step", params_kept=True):
+           keep_bonus=False, shift=False, in_place=False, end="cut_to_n", no_drafts="one_step", params_kept=True,
+           accepting_is_end=False):
     if not drafts and no_drafts == "nothing":
         return []
     if not params_kept:  # temperature only: top-k and top-p lost
@@ -92,6 +107,10 @@ def _round(matcher, drafts, q, logits, params=GREEDY, generator=None, *, drop=Fa
         masks = torch.cat([masks[1:], masks[-1:]])
         masks[~masks.any(-1)] = True
     ended = not bool(masks[n].any())
+    if accepting_is_end:  # "the output is a whole match" read as "nothing may follow"
+        matcher.accept(list(drafts[:n]))
+        ended = ended or matcher.grammar.accepting(matcher.state)
+        matcher.rollback(n)
     kept = n if ended or n == len(drafts) or drop else n + 1
     rows_used = torch.cat([masks, masks[-1:]])[: kept + 1].clone()
     if ended:
@@ -264,6 +283,9 @@ MISTAKES = [
     _m("match_prefix", "counts_the_hits", lambda *a, **k: _match(*a, **k, count_hits=True),
        "match_prefix only looks up: leave queried_tokens and hit_tokens alone, the engine adds the hit to them "
        "itself (counted here too, every hit would count twice)."),
+    _m("match_prefix", "refreshes_recency", lambda *a, **k: _match(*a, **k, refresh=True),
+       "match_prefix only looks up: re-inserting a hit to mark it recently used changes the cache it reads (the "
+       "maps' order here; in vLLM, the free queue's eviction order), which the engine alone decides."),
     _m("match_prefix", "blocks_sorted", lambda *a, **k: _match(*a, **k, order="sorted"),
        "return the blocks in the order of the prompt (block 0 first): a table must list them in order, and block "
        "ids say nothing about it (sorting, or a set, loses it)."),
@@ -309,6 +331,9 @@ MISTAKES = [
        "not only the drafter, must respect the grammar."),
     _m("constrained_round", "matcher_not_advanced", lambda *a, **k: _round(*a, **k, advance=False),
        "advance the matcher over the committed tokens (matcher.accept(committed)) before returning."),
+    _m("constrained_round", "accepting_state_as_the_end", lambda *a, **k: _round(*a, **k, accepting_is_end=True),
+       "the grammar ends where no token is allowed (matcher.finished()), not where the output is a whole match "
+       "(an accepting state): a match may go on (\"ab\" then \"abc\"), and the target's token there is kept."),
     _m("constrained_round", "token_past_the_end", lambda *a, **k: _round(*a, **k, keep_bonus=True),
        "when the grammar ends after the n-th draft, commit at most n tokens: a bonus drawn past the end does not "
        "belong to the output."),
@@ -343,6 +368,9 @@ MISTAKES = [
        "cap the draft at min(max_drafts, int(factor * match length)): a short match earns a short draft."),
     _m("propose_from_tree", "first_child", lambda *a, **k: _propose(*a, **k, pick="first"),
        "walk to the child with the highest count (what followed most often), not the first one seen."),
+    _m("propose_from_tree", "counts_its_drafts", _propose_counting,
+       "propose_from_tree only reads the tree: counting the drafts as seen changes the counts every later proposal "
+       "reads; the tree learns tokens when they are committed (extend), never when they are proposed."),
     _m("propose_from_tree", "ties_to_higher_id", lambda *a, **k: _propose(*a, **k, pick="ties_high"),
        "break equal counts by the lower token id."),
     _m("propose_from_tree", "no_probability_cut", lambda *a, **k: _propose(*a, **k, cut="none"),
