@@ -20,7 +20,7 @@ def _digest(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-@background_job("graded_by_cli")
+@background_job("graded_by_cli", lane="cells")
 def _grade_by_cli(tmp_path):
     """`python -m specdec.course.grading 01` on a folder holding one finished notebook."""
     mine = tmp_path / "notebooks"
@@ -64,7 +64,7 @@ def test_grade_cli_reads_but_never_writes_the_learners_notebooks(graded_by_cli):
     assert [p.name for p in mine.iterdir()] == ["01_cost_ledger.ipynb"]
 
 
-@background_job("graded_with_a_corrupt_notebook")
+@background_job("graded_with_a_corrupt_notebook", lane="cells")
 def _grade_with_a_corrupt_notebook(tmp_path):
     corrupt = tmp_path / "01_cost_ledger.ipynb"
     corrupt.write_text('{"cells": [')

@@ -252,6 +252,8 @@ def logsumexp_cases() -> list[tuple[str, torch.Tensor, int]]:
     x[1] = x[1].flip(0)
     cases.append(("logits rising across blocks (row 0) and falling (row 1), BLOCK_V = 32", x, 32))
     cases.append(("large logits (around 500: exp overflows float32)", 500 + 3 * torch.randn(3, 80, generator=g), 32))
+    whole = -500 + 3 * torch.randn(2, 96, generator=torch.Generator().manual_seed(19))
+    cases.append(("large negative logits in whole blocks (around -500, V = 96, BLOCK_V = 32: no padding lanes)", whole, 32))
     cases.append(("large negative logits (around -500: every exp(x) underflows to 0 unless the max is subtracted), "
                   "V = 100, BLOCK_V = 32", -500 + 3 * torch.randn(3, 100, generator=g), 32))
     cases.append(("every real logit below 0 and a partial last block (V = 70, BLOCK_V = 32): padding lanes must not "
