@@ -215,6 +215,9 @@ def _start(names: list[str]) -> None:
 
 def _start_lane(lane: str, futures: dict[str, Future]) -> None:
     def run() -> None:
+        # below the in-process tests' priority (Linux: this thread, and the subprocesses it starts): the in-process
+        # lane is the longer one, and the jobs take what it leaves of the 2 cores
+        os.nice(10)
         for name, future in futures.items():
             scratch = Path(tempfile.mkdtemp(prefix=f"specdec-{name}-"))
             _scratch.append(scratch)
