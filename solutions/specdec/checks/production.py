@@ -16,9 +16,11 @@ from specdec.checks.core import (
     CheckFailure,
     call_recorded,
     diagnose,
+    expect_no_global_draws,
     expect_reproducible,
     expect_value_error,
     fmt,
+    global_rng_state,
     not_implemented,
     single_threaded,
 )
@@ -513,8 +515,9 @@ def _a_perfect_draft_is_always_accepted(fn: Callable) -> None:
     grammar = Grammar(TOY_PATTERN, vocab_size=6)  # never ends: every round has its bonus
 
     def watched(matcher: Matcher, drafts: list[int], q: torch.Tensor, logits: torch.Tensor, *rest: Any) -> Any:
-        before = bytes(_accepted(matcher))
+        before, rng = bytes(_accepted(matcher)), global_rng_state(rest)
         committed = fn(matcher, drafts, q, logits, *rest)
+        expect_no_global_draws("constrained_round (a perfect draft, temperature 1)", rng)
         if not isinstance(committed, list) or list(committed[: len(drafts)]) != list(drafts) \
                 or len(committed) != len(drafts) + 1:
             raise CheckFailure(
@@ -552,12 +555,14 @@ def _one_round_is_exact(fn: Callable) -> None:
              "token drawn from q)")
     for _ in range(1000):
         drafts = [int(sample(q[0], generator))]
+        rng = global_rng_state((generator,))
         try:
             committed = fn(Matcher(grammar), drafts, q.clone(), p.log(), params, generator)
         except NotImplementedError as err:
             raise not_implemented(fn, "constrained_round", err) from None
         except Exception as err:
             raise CheckFailure(f"{label} raised {type(err).__name__}: {err}") from None
+        expect_no_global_draws(label, rng)
         if not isinstance(committed, list) or not committed:
             raise CheckFailure(f"{label}: returned {committed!r} for drafts {drafts}, not a non-empty list of ints.")
         firsts.append(committed[0])
