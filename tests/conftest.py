@@ -242,6 +242,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     _selected[:] = [item.nodeid for item in items]
     wanted = {name for item in items for name in getattr(item, "fixturenames", ())}
     names = [name for name in BACKGROUND_JOBS if name in wanted and name not in _results]
+    if config.option.collectonly:  # nothing runs, so nothing to compute
+        names = []
     if names:
         torch.set_num_threads(1)  # one thread per process: the in-process tests and the background jobs share 2 cores
         _start(names)
