@@ -270,7 +270,7 @@ def slowest(count: int = 20) -> list[tuple[str, float]]:
 def pytest_terminal_summary(terminalreporter) -> None:
     if _seconds:
         jobs = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in _seconds.items())
-        terminalreporter.write_line(f"background jobs (one after another, beside the in-process tests): {jobs}")
+        terminalreporter.write_line(f"background jobs (wall time; lanes side by side, jobs in a lane in turn): {jobs}")
     if _test_cpu:
         lanes = ", ".join(f"{lane} {cpu:.0f} s" for lane, cpu in lane_cpu().items())
         terminalreporter.write_line(f"CPU time by lane: {lanes}; the slowest 20 (CPU seconds):")
