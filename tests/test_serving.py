@@ -298,6 +298,35 @@ def test_goodput_gate_pairs_a_probe_with_the_median_of_the_steps_beside_it():
     assert gate.pairs[-1][:2] == (2, pytest.approx(3.0)) and gate.gain(0.9) == pytest.approx(1.0)
 
 
+def test_goodput_gate_keeps_each_batch_sizes_book_and_outlives_an_engine():
+    """What the gate measured at a batch size comes back with that batch size (within a quarter), not only while
+    the batch stays there; a new engine given the gate goes on from it: no fresh probe of the other arm, and no
+    step of the new engine pairs with a step of the old one."""
+    from specdec.serving.adaptive import GoodputGate, StepCosts
+
+    gate = GoodputGate(probe_every=4, max_interval=64, min_rounds=10**9, pair_within=4)
+    for step in range(0, 6, 2):  # at 64 rows a verify step costs 5 plain steps: three pairs, a clear loss
+        gate.record(step, 64, 0, 0.064, 64, 0.8)
+        gate.record(step + 1, 64, 4, 0.320, 200, 0.8)
+    loss = gate.gain(0.8)
+    assert loss < 0.95 and gate.interval == 64
+    gate.record(6, 8, 0, 0.008, 8, 0.8)  # the batch moves to 8: nothing known there
+    assert gate.gain(0.8) is None and gate.decide(7, 8, 0.8, 3, 3) == (3, 8)
+    assert gate.decide(8, 60, 0.8, 4, 4) == (0, 60)  # back near 64: its book, so plain, no probe of speculation
+    assert gate.rows == 64 and gate.gain(0.8) == pytest.approx(loss)
+    assert gate.decide(8, 8, 0.8, 3, 3) == (3, 8) and gate.pairs == []  # and 8's book, which holds one plain step
+
+    target, draft = tiny_pair(vocab=32, noise=0.1)
+    flat = (StepCosts([1, 100], [1.0, 1.0]), StepCosts([1, 100], [0.01, 0.01]))
+    clock = gate.clock
+    engine = ServingEngine(target, draft, num_blocks=64, block_size=4, costs=flat, gate=gate)
+    assert engine.gate is gate and gate.offset == clock + gate.pair_within + 1
+    gate.record(0, 8, 4, 0.010, 24, 0.8)  # the new engine's step 0 is later than anything seen: it pairs with
+    assert gate.pairs == []  # no plain step of the old engine
+    with pytest.raises(ValueError, match="measure_gain=False"):
+        ServingEngine(target, draft, costs=flat, gate=gate, measure_gain=False)
+
+
 def test_a_probe_on_a_share_of_the_rows_drafts_for_the_rows_the_draft_is_closest_to():
     """When the gate probes speculation on a share of the rows, that many "auto" rows draft: those whose draft has
     the fewest tokens to catch up (so the same rows, probe after probe); the others decode plainly, and every

@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.timing import LoadWatch, interleaved, spread
+from specdec.bench.timing import LoadWatch, interleaved, median_interval, spread
 from specdec.ledger import expected_tokens_per_round
 from specdec.metrics import alpha_from_counts
 from specdec.models import corpus, tokenizer
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams
 from specdec.paths import DATA_DIR
-from specdec.serving.adaptive import BatchCosts
+from specdec.serving.adaptive import BatchCosts, GoodputGate
 from specdec.serving.blocks import blocks_for
 from specdec.serving.engine import ServingEngine
 
@@ -134,7 +134,9 @@ def sweep(target: Llama, draft: Llama, levels: list[int], requests_per_level: in
         watch.sample()
         paired.append(auto_against_best(level, runs))
         progress(f"  concurrency {level:3d}  auto / the better of on and off, paired by repeat: "
-                 f"{paired[-1]['auto_over_best']:.3f}")
+                 f"{paired[-1]['auto_over_best']:.3f} (90% interval {paired[-1]['best_interval'][0]:.3f}-"
+                 f"{paired[-1]['best_interval'][1]:.3f}; first repeat, the gate new to this batch: "
+                 f"{paired[-1]['first_over_best']:.3f})")
         for mode, results in runs.items():
             times = spread([r["seconds"] for r in results])
             middle = min(results, key=lambda r: abs(r["seconds"] - times["median"]))  # latencies of the median run
@@ -203,6 +205,7 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
     probe = ServingEngine(target, draft)
     costs = probe.measure_costs(rows=sorted(set(levels) | {1, 2}), context=context)
     watch = LoadWatch(torch.get_num_threads())
+    gate = GoodputGate()  # the server's: each new engine goes on from what "auto" measured in the ones before it
     budget = max(levels) * (MODES["on"] + 1) * 2
     blocks = max(levels) * blocks_for(prompt_tokens + max_tokens + 8, 16) + 8
     rows, paired = [], []
@@ -212,12 +215,14 @@ def decode_sweep(target: Llama, draft: Llama, levels: list[int], prompt_tokens: 
         runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for _, mode in interleaved(list(MODES), max(repeats, min(16, 48 // level))):
             engine = ServingEngine(target, draft, num_blocks=blocks, block_size=16, token_budget=budget, max_gamma=8,
-                                   costs=costs)
+                                   costs=costs, gate=gate)
             runs[mode].append(decode_phase(engine, jobs, MODES[mode]))
         watch.sample()
         paired.append(auto_against_best(level, runs))
         progress(f"  batch {level:3d}  auto / the better of on and off, paired by repeat: "
-                 f"{paired[-1]['auto_over_best']:.3f}")
+                 f"{paired[-1]['auto_over_best']:.3f} (90% interval {paired[-1]['best_interval'][0]:.3f}-"
+                 f"{paired[-1]['best_interval'][1]:.3f}; first repeat, the gate new to this batch: "
+                 f"{paired[-1]['first_over_best']:.3f})")
         for mode, results in runs.items():
             times = spread([r["seconds"] for r in results])
             middle = min(results, key=lambda r: abs(r["seconds"] - times["median"]))
@@ -288,11 +293,17 @@ def crossover(rows: list[dict], mode: str = "on") -> int | None:
 def auto_against_best(level: int, runs: dict[str, list[dict]]) -> dict:
     """"auto" against the better of on and off at one level, paired by repeat: in each repeat of the interleaving,
     auto's tokens/s over on's and over off's from the same repeat (a slow stretch of the machine slows the three
-    alike), the median over repeats; "auto_over_best" is the smaller of the two, against the mode auto trails more."""
-    ratios = {mode: statistics.median(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["auto"], runs[mode]))
-              for mode in ("on", "off")}
+    alike), the median over repeats; "auto_over_best" is the smaller of the two, against the mode auto trails more.
+    "best_interval": a 90% interval for that median (:func:`median_interval`), what the machine's noise leaves of
+    it. "first_over_best": the same from the first repeat alone, in which the gate met this batch size for the
+    first time (one repeat: as noisy as a single measurement)."""
+    per_repeat = {mode: [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["auto"], runs[mode])]
+                  for mode in ("on", "off")}
+    ratios = {mode: statistics.median(values) for mode, values in per_repeat.items()}
+    trails = min(ratios, key=ratios.get)
     return {"concurrency": level, "auto_over_on": ratios["on"], "auto_over_off": ratios["off"],
-            "auto_over_best": min(ratios.values())}
+            "auto_over_best": ratios[trails], "best_interval": median_interval(per_repeat[trails]),
+            "per_repeat": per_repeat, "first_over_best": min(values[0] for values in per_repeat.values())}
 
 
 def plot(report: dict, path: Path | None = None):
@@ -376,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="batch sizes of the crossover experiment (short prompts, temperature 1, code)")
     parser.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode per level, interleaved (median kept)")
-    parser.add_argument("--batch-repeats", type=int, default=5,
+    parser.add_argument("--batch-repeats", type=int, default=8,
                         help="the same for the crossover experiment (more below a batch of 16)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rate", type=float, default=None, help="Poisson arrivals per second (default: closed loop)")

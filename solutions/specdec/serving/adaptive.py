@@ -146,6 +146,12 @@ class GoodputGate:
     one row in ``probe_share`` only (the rows the draft is closest to): it refreshes ``tau``, the acceptance side,
     for a fraction of the catch-up; the cost side is measured again by a probe of every row once the newest pair
     is ``max_interval`` steps old.
+
+    What was measured at a batch size is kept when the batch moves on (a book per batch size) and taken up again
+    when it comes back within a quarter, so a server whose batch swings between sizes does not learn each one
+    anew. A gate outlives an engine: a new engine given the same gate (``ServingEngine(gate=...)``, the same
+    target and draft on the same machine) calls :meth:`start_engine` and goes on from what the gate knows, as a
+    long-lived server would, instead of paying for its first probes again.
     """
 
     def __init__(self, margin: float = 0.05, sure: float = 0.25, probe_every: int = 16, max_interval: int = 256,
@@ -160,6 +166,32 @@ class GoodputGate:
         self.recent: dict[bool, list[tuple[int, int, float, bool]]] = {True: [], False: []}
         self.probed = -1  # the step of the latest probe of speculation on a share of the rows
         self.interval = probe_every
+        self.shelf: dict[int, tuple] = {}  # batch size -> its book (pairs, recent, probed, interval) while away
+        self.clock = -1  # the latest step seen, on the gate's clock (an engine's steps plus its offset)
+        self.offset = 0  # added to the steps of the engine that uses the gate now
+
+    def start_engine(self) -> None:
+        """A new engine takes the gate over: its step 0 comes after every step seen, with a gap wide enough that no
+        step of the new engine pairs with one of an old engine (another batch, another context)."""
+        self.offset = self.clock + self.pair_within + 1
+
+    def _tick(self, step: int) -> int:
+        step += self.offset
+        self.clock = max(self.clock, step)
+        return step
+
+    def _switch(self, rows: int) -> None:
+        """Shelve the book of the batch size measured so far; take up the book kept nearest to ``rows`` (within a
+        quarter), or start an empty one."""
+        if self.rows and (self.pairs or self.recent[True] or self.recent[False]):
+            self.shelf[self.rows] = (self.pairs, self.recent, self.probed, self.interval)
+        near = [r for r in self.shelf if abs(rows - r) <= r / 4]
+        if near:
+            self.rows = min(near, key=lambda r: abs(rows - r))
+            self.pairs, self.recent, self.probed, self.interval = self.shelf.pop(self.rows)
+        else:
+            self.rows, self.pairs, self.interval = rows, [], self.probe_every
+            self.recent, self.probed = {True: [], False: []}, -1
 
     def _same_batch(self, rows: int) -> bool:
         return abs(rows - self.rows) <= self.rows / 4
@@ -168,14 +200,14 @@ class GoodputGate:
                drafting: int | None = None) -> None:
         """A decode-only step of ``rows`` rows, ``drafting`` of them (all by default) with ``gamma`` drafts each
         (0: plain), that took ``seconds``; the drafting rows committed ``tokens``."""
+        step = self._tick(step)
         self.tau = {g: (0.99 * t, 0.99 * n) for g, (t, n) in self.tau.items()}
         drafting = rows if drafting is None else drafting
         if gamma and drafting:
             committed, rounds = self.tau.get(gamma, (0.0, 0.0))
             self.tau[gamma] = (committed + tokens, rounds + drafting)
         if not self._same_batch(rows):
-            self.rows, self.pairs, self.interval = rows, [], self.probe_every
-            self.recent, self.probed = {True: [], False: []}, -1
+            self._switch(rows)
         if gamma and drafting < rows:  # a probe on a share of the rows: acceptance only
             self.probed = step
             return
@@ -207,13 +239,15 @@ class GoodputGate:
         """The gamma for "auto" rows this step and how many of the ``rows`` rows draft: the model's gamma,
         overruled by a measured gain beyond the margin, or a probe of the other arm (``fallback_gamma`` when the
         model says 0 and speculation is probed)."""
-        same = self._same_batch(rows)
-        gain = self.gain(alpha) if same else None
+        step = self._tick(step)
+        if not self._same_batch(rows):
+            self._switch(rows)
+        gain = self.gain(alpha)
         speculate = model_gamma > 0
         if gain is not None and abs(gain - 1) > self.margin:
             speculate = gain > 1
-        other = self.recent[not speculate] if same else []
-        latest = max(other[-1][0] if other else -1, self.probed if same and not speculate else -1)
+        other = self.recent[not speculate]
+        latest = max(other[-1][0] if other else -1, self.probed if not speculate else -1)
         if latest < 0 or step - latest >= self.interval:
             if latest >= 0:
                 self.interval = min(2 * self.interval, self.max_interval)

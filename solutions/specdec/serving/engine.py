@@ -95,13 +95,17 @@ class ServingEngine:
     def __init__(self, target: Llama, draft: Llama | None = None, *, num_blocks: int = 512, block_size: int = 16,
                  token_budget: int = 512, max_gamma: int = 8,
                  costs: tuple[BatchCosts | StepCosts, BatchCosts | StepCosts] | None = None,
-                 parts: Parts = Parts(), measure_gain: bool = True, prefix_caching: bool = False) -> None:
+                 parts: Parts = Parts(), measure_gain: bool = True, prefix_caching: bool = False,
+                 gate: GoodputGate | None = None) -> None:
         """``parts``: the exercises' functions to use (:class:`Parts`; the reference's by default).
         ``prefix_caching``: share the KV blocks of verified prefixes between requests (:mod:`.prefix_cache`).
         ``measure_gain``: let "auto" overrule the cost model with the gain it measures (:class:`GoodputGate`) and
         add the time it measures outside the forwards; False keeps the model with the given costs alone, nothing
         from this machine's clock (for what-if costs that are not this machine's, and runs that must not depend
-        on the machine)."""
+        on the machine). ``gate``: a gate an earlier engine of the same target and draft used, to go on from what
+        it measured (a long-lived server's gate; a new one by default)."""
+        if gate is not None and not measure_gain:
+            raise ValueError("a gate is given but measure_gain=False: the engine would not use it")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
@@ -129,7 +133,9 @@ class ServingEngine:
         # seconds outside the forwards per plain step, per verifying step, per draft forward: see _learn_overheads
         self._overhead_samples = {kind: deque(maxlen=OVERHEAD_WINDOW) for kind in ("plain_step", "verify_step", "draft_forward")}
         self.auto_evidence = (0.0, 0.0)  # "auto" rows' accepted drafts and tested positions, decayed by AUTO_DECAY per step
-        self.gate = GoodputGate() if measure_gain else None
+        self.gate = (gate or GoodputGate()) if measure_gain else None
+        if gate is not None:
+            gate.start_engine()
         self._auto_gamma = min(4, max_gamma)  # the model's last gamma > 0 for "auto" rows: what a probe drafts
         self._draft_first_s = 0.0  # the last drafting's first forward (which feeds each row's pending tokens)
         self._next_id = 0
@@ -579,7 +585,8 @@ class ServingEngine:
             type(x)(x) for x in saved["lists"])
         del self.steps[saved["steps"]:]
         self.auto_evidence, self._auto_gamma, gate = saved["auto"]
-        self.gate = copy.deepcopy(gate)
+        if gate is not None:  # in place: a gate shared with the engines after this one keeps the restored state
+            self.gate.__dict__.update(copy.deepcopy(gate).__dict__)
         self._overhead_samples = {kind: deque(samples, maxlen=OVERHEAD_WINDOW) for kind, samples in saved["overheads"].items()}
         (self._draft_was_behind, self._draft_first_s), self.last_step = saved["draft"], saved["last_step"]
         if self.prefix_cache is not None:
