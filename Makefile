@@ -37,7 +37,7 @@ help:
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 8 min)"
 	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-256 requests (artifacts/serve/)"
-	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json: the crossover experiment (about 6 min) and the closed loop (about 17 min)"
+	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json: the crossover experiment (about 10 min) and the closed loop (about 17 min)"
 	@echo "make bench-drafters  every proposer side by side on the target, code and math (notebook 12; artifacts/drafters/)"
 	@echo "make bench-drafters-notebook  re-measure notebook 12's copy into data/bench/nb12_drafters.json (about 3 min)"
 	@echo "make bench-eagle3  notebook 13's MTP-style and EAGLE-3-style drafters against EAGLE-1 (artifacts/drafters/eagle3.json; needs make heads)"
