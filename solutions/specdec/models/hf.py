@@ -40,8 +40,10 @@ def _transformers():
 
 def to_transformers(model: Llama, attn_implementation: str = "sdpa") -> LlamaForCausalLM:
     """A transformers LlamaForCausalLM holding exactly ``model``'s weights (float32, eval mode)."""
-    transformers = _transformers()
     c = model.config
+    if getattr(c, "n_experts", 0):
+        raise ValueError("to_transformers converts dense models only: this one is a mixture of experts")
+    transformers = _transformers()
     config = transformers.LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff, num_hidden_layers=c.n_layers,
         num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,

@@ -28,10 +28,14 @@ class LlamaConfig:
     max_seq_len: int = 512
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    n_experts: int = 0  # > 0: every MLP is a mixture of that many experts of d_ff each (notebook 14)
+    top_k: int = 0  # the experts each token is routed to
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError(f"need n_kv_heads | n_heads | d_model, got {self.n_kv_heads}, {self.n_heads}, {self.d_model}")
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"need 1 <= top_k <= n_experts for a mixture of experts, got {self.top_k} of {self.n_experts}")
 
     @property
     def head_dim(self) -> int:
@@ -158,13 +162,45 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class MoEMLP(nn.Module):
+    """Routed SwiGLU experts (Mixtral's layout): a linear router scores the experts for each token, the token goes to
+    its ``top_k`` best, and their outputs are summed with the softmax of those scores as weights. ``routing``
+    keeps the expert ids of the latest forward, (tokens, top_k) in the order of the flattened input, what notebook
+    14 measures; ``balance`` the load-balancing loss of the latest forward (Switch Transformer's: experts times the
+    sum over experts of the share of tokens routed there and the mean router probability there; 1 when even)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.top_k = config.top_k
+        self.router = nn.Linear(config.d_model, config.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(config) for _ in range(config.n_experts))
+        self.routing: torch.Tensor | None = None
+        self.balance = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (N, d)
+        scores = self.router(flat)  # (N, E)
+        top, ids = scores.topk(self.top_k, dim=-1)  # (N, k)
+        weights = torch.softmax(top, dim=-1)
+        self.routing = ids.detach()
+        if self.training:
+            share = torch.zeros(scores.shape[1]).index_add_(0, ids.flatten(), torch.ones(ids.numel())) / ids.numel()
+            self.balance = scores.shape[1] * (share * torch.softmax(scores, dim=-1).mean(0)).sum()
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (ids == e).nonzero(as_tuple=True)
+            if rows.numel():
+                out.index_add_(0, rows, weights[rows, slot, None] * expert(flat[rows]))
+        return out.view_as(x)
+
+
 class Block(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.d_model, config.norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MoEMLP(config) if config.n_experts else MLP(config)
 
     def forward(self, x, cos, sin, layer, cache, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache, mask)

@@ -28,9 +28,13 @@ from specdec.paths import DATA_DIR
 
 TARGET = LlamaConfig(d_model=512, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=1024, max_seq_len=512)
 DRAFT = LlamaConfig(d_model=192, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=512, max_seq_len=512)
+# notebook 14's mixture-of-experts target: 8 experts of d_ff 128 per layer, 2 per token
+MOE_TARGET = LlamaConfig(d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=128, max_seq_len=512, n_experts=8, top_k=2)
 # name -> (config, distilled from the target?). draft_undistilled is the draft's architecture trained
 # on next-byte cross-entropy alone: the control that shows what distillation buys in acceptance.
-MODELS = {"target": (TARGET, False), "draft": (DRAFT, True), "draft_undistilled": (DRAFT, False)}
+MODELS = {"target": (TARGET, False), "draft": (DRAFT, True), "draft_undistilled": (DRAFT, False),
+          "moe_target": (MOE_TARGET, False)}
+BALANCE_WEIGHT = 0.01  # the load-balancing loss's weight for a mixture of experts (Switch Transformer's value)
 
 
 def training_data(code_bytes: int = 4_000_000, math_problems: int = 40_000) -> dict[str, torch.Tensor]:
@@ -81,8 +85,11 @@ def train(config: LlamaConfig, data: dict[str, torch.Tensor], steps: int, batch_
             with torch.no_grad():
                 soft = torch.softmax(teacher(inputs).flatten(0, 1), dim=-1)
             loss = F.cross_entropy(logits, soft)
+        objective = loss
+        if config.n_experts:  # keep the experts in use: without it the router collapses onto a few
+            objective = loss + BALANCE_WEIGHT * sum(layer.mlp.balance for layer in model.layers)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()

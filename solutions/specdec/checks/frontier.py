@@ -1,0 +1,225 @@
+"""Checks for notebook 14 (the questions after EAGLE-3): expert unions against published MoE shapes and random
+ones, measured routing with shared experts, roofline steps with and without a bounded cache, block verification
+on random blocks, ties and extremes, its sampler by seeded Monte Carlo against the enumerated law."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    compare_cases,
+    diagnose,
+    expect_no_global_draws,
+    expect_reproducible,
+    global_rng_state,
+)
+from specdec.checks.stats import compare_frequencies
+from specdec.frontier import block, long_context, moe
+from specdec.mistakes import for_exercise
+
+_SEED = 14
+H100 = (3.35e12, 989e12)  # bytes/s, FLOP/s (data/gpus.json)
+
+# (dense params, params of one routed expert in one layer, experts, top_k, layers): shapes in the style of
+# published MoE models (8 experts and top 2 like Mixtral 8x7B, 64 and top 8, 256 and top 8), not their exact configs
+MOE_SHAPES = {
+    "Mixtral-8x7B-like": moe.MoEModel("Mixtral-8x7B-like", 1.6e9, 3 * 4096 * 14336, 8, 2, 32),
+    "64-experts-top-8": moe.MoEModel("64-experts-top-8", 8e9, 3 * 3584 * 2560, 64, 8, 28),
+    "256-experts-top-8": moe.MoEModel("256-experts-top-8", 17e9, 3 * 7168 * 2048, 256, 8, 58),
+}
+
+
+def _union_cases() -> list[tuple[str, tuple]]:
+    cases = [("tokens=5, top_k=2, experts=8", (5, 2, 8)), ("tokens=1, top_k=2, experts=8", (1, 2, 8)),
+             ("tokens=9, top_k=8, experts=64", (9, 8, 64)), ("tokens=0, top_k=2, experts=8", (0, 2, 8)),
+             ("tokens=3, top_k=8, experts=8", (3, 8, 8)), ("tokens=640, top_k=8, experts=256", (640, 8, 256))]
+    rng = random.Random(_SEED)
+    for _ in range(30):
+        experts = rng.choice([4, 8, 16, 60, 64, 128, 256])
+        top_k, tokens = rng.randint(1, min(8, experts)), rng.randint(0, 2000)
+        cases.append((f"tokens={tokens}, top_k={top_k}, experts={experts}", (tokens, top_k, experts)))
+    return cases
+
+
+def check_expected_experts_touched(fn: Callable) -> None:
+    """Small and large token counts, top_k equal to the number of experts, no tokens, random MoE shapes."""
+    compare_cases(fn, moe.expected_experts_touched, _union_cases(), rel=1e-9)
+
+
+def _routing(layers: int, tokens: int, top_k: int, experts: int, rng: random.Random, skew: float) -> torch.Tensor:
+    """Each token's top_k distinct experts; with ``skew`` the first experts are preferred (routing is rarely even)."""
+    weights = [1.0 / (1 + e) ** skew for e in range(experts)]
+    rows = [[sorted(range(experts), key=lambda e: -weights[e] * rng.random())[:top_k] for _ in range(tokens)]
+            for _ in range(layers)]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def check_experts_touched(fn: Callable) -> None:
+    """Routing of 1-4 layers whose counts differ, tokens that share experts, one token, and a layer in which every
+    token picked the same experts."""
+    name = "experts_touched"
+    rng = random.Random(_SEED)
+    cases = [("two layers, tokens sharing experts", torch.tensor([[[0, 1], [1, 0], [2, 1]], [[3, 4], [5, 6], [7, 0]]])),
+             ("one token", torch.tensor([[[5, 2]]])),
+             ("every token on experts 0 and 1 in layer 1", torch.tensor([[[0, 3], [1, 2]], [[0, 1], [1, 0]]]))]
+    for i in range(6):
+        layers, tokens, experts = rng.randint(1, 4), rng.randint(1, 40), rng.choice([8, 16, 64])
+        cases.append((f"random routing #{i}: {layers} layers, {tokens} tokens, top 2 of {experts}",
+                      _routing(layers, tokens, 2, experts, rng, skew=rng.choice([0.0, 1.5]))))
+    history: list = []
+    for description, routing in cases:
+        label = f"{name}({description})"
+        expected = moe.experts_touched(routing)
+        got = call(fn, label, routing.clone())
+        history.append(((routing,), got))
+        if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got.to(torch.int64), expected)):
+            shown = got.tolist() if isinstance(got, torch.Tensor) else got
+            raise CheckFailure(f"{label}: expected {expected.tolist()} (distinct experts per layer), got {shown}."
+                               f"{diagnose(for_exercise(name), history)}")
+        if got.dtype != torch.int64:
+            raise CheckFailure(f"{label}: returned dtype {got.dtype}; return counts as an int64 tensor.")
+
+
+def _moe_cases() -> list[tuple[str, tuple]]:
+    bw, fl = H100
+    cases = []
+    for name, shape in MOE_SHAPES.items():
+        for tokens in (1, 5, 64, 320, 4096):
+            cases.append((f"{name}, tokens={tokens}, bf16, H100", (shape, tokens, 2, bw, fl)))
+    measured = {1: 2.0, 5: 3.1, 64: 7.9}
+    for tokens, union in measured.items():
+        cases.append((f"Mixtral-8x7B-like, tokens={tokens}, measured union {union}",
+                      (MOE_SHAPES["Mixtral-8x7B-like"], tokens, 2, bw, fl, lambda n, u=union: u)))
+    rng = random.Random(_SEED)
+    for i in range(10):
+        experts = rng.choice([8, 32, 64, 128])
+        shape = moe.MoEModel(f"random-{i}", rng.uniform(1e8, 2e10), rng.uniform(1e6, 2e8), experts,
+                             rng.randint(1, 8), rng.randint(2, 60))
+        tokens = rng.randint(1, 3000)
+        cases.append((f"{shape}, tokens={tokens}", (shape, tokens, rng.choice([2, 1, 0.5]), *H100)))
+    return cases
+
+
+def check_moe_step_seconds(fn: Callable) -> None:
+    """Three published MoE shapes at 1-4096 tokens (memory bound and compute bound), measured unions, random
+    shapes."""
+    compare_cases(fn, moe.moe_step_seconds, _moe_cases(), rel=1e-9)
+
+
+LLAMA_8B = long_context.Decoder("Llama-3-8B-like", 8.03e9, 2 * 32 * 8 * 128 * 2, 4 * 32 * 32 * 128)
+LLAMA_1B = long_context.Decoder("Llama-3.2-1B-like", 1.24e9, 2 * 16 * 8 * 64 * 2, 4 * 16 * 32 * 64)
+LLAMA_1B_WINDOW = long_context.Decoder("Llama-3.2-1B-like, 4096-position window", 1.24e9, 2 * 16 * 8 * 64 * 2,
+                                       4 * 16 * 32 * 64, window=4096)
+
+
+def _kv_cases() -> list[tuple[str, tuple]]:
+    bw, fl = H100
+    cases = []
+    for model in (LLAMA_8B, LLAMA_1B_WINDOW, LLAMA_1B):
+        for rows, per_row, context in [(64, 5, 131072), (1, 1, 512), (256, 5, 512), (8, 3, 32768), (1, 9, 0),
+                                       (512, 1, 8192)]:
+            cases.append((f"{model.name}, rows={rows}, tokens_per_row={per_row}, context={context}, bf16, H100",
+                          (model, rows, per_row, context, 2, bw, fl)))
+    return cases
+
+
+def check_step_seconds(fn: Callable) -> None:
+    """A full-cache target and drafts with and without a window, at contexts from 0 to 128k, decode and verify
+    steps, memory and compute bound."""
+    compare_cases(fn, long_context.step_seconds, _kv_cases(), rel=1e-9)
+
+
+def check_crossover_batch(fn: Callable) -> None:
+    """Contexts from 256 to 128k with a full-cache and a windowed draft, acceptances from 0.5 to 0.95."""
+    bw, fl = H100
+    cases = []
+    for context in (256, 512, 2048, 8192, 131072):
+        for draft in (LLAMA_1B, LLAMA_1B_WINDOW):
+            for alpha, gamma in ((0.8, 4), (0.5, 2), (0.95, 6)):
+                cases.append((f"alpha={alpha}, gamma={gamma}, context={context}, target {LLAMA_8B.name}, draft "
+                              f"{draft.name}, H100", (alpha, gamma, context, LLAMA_8B, draft, 2, bw, fl)))
+    history: list = []
+    for description, args in cases:
+        label = f"crossover_batch({description})"
+        expected = long_context.crossover_batch(*args)
+        got = call(fn, label, *args)
+        history.append((args, got))
+        if got != expected or type(got) is not type(expected):
+            raise CheckFailure(f"{label}: expected {expected}, got {got!r}.{diagnose(for_exercise('crossover_batch'), history)}")
+
+
+def _random_block(rng: torch.Generator, gamma: int, vocab: int, sharp: float) -> tuple:
+    p = torch.softmax(torch.randn(gamma + 1, vocab, generator=rng, dtype=torch.float64) * sharp, -1)
+    q = torch.softmax(torch.randn(gamma, vocab, generator=rng, dtype=torch.float64) * sharp, -1)
+    draft = torch.stack([torch.multinomial(q[i], 1, generator=rng)[0] for i in range(gamma)])
+    return p, q, draft
+
+
+def _block_cases() -> list[tuple[str, tuple]]:
+    third = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
+    flip = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
+    same = torch.full((4, 3), 1 / 3, dtype=torch.float64)
+    cases = [("the paper's example: p = (1/3, 2/3), q = (2/3, 1/3), draft [0, 0]",
+              (third.repeat(3, 1), flip.repeat(2, 1), torch.tensor([0, 0]))),
+             ("the paper's example, draft [0, 1]", (third.repeat(3, 1), flip.repeat(2, 1), torch.tensor([0, 1]))),
+             ("p equal to q (every weight 1)", (same, same[:3], torch.tensor([2, 0, 1]))),
+             ("one draft", (third.repeat(2, 1), flip.repeat(1, 1), torch.tensor([0])))]
+    rng = torch.Generator().manual_seed(_SEED)
+    for i in range(12):
+        gamma, vocab, sharp = [(3, 4, 1.5), (5, 6, 2.5), (2, 3, 0.5), (4, 5, 3.0)][i % 4]
+        cases.append((f"random block #{i}: gamma={gamma}, vocab={vocab}", _random_block(rng, gamma, vocab, sharp)))
+    return cases
+
+
+def check_block_weights(fn: Callable) -> None:
+    """The paper's example, p = q, one draft, random blocks of 2-5 drafts, sharp and flat."""
+    name = "block_weights"
+    history: list = []
+    for description, (p, q, draft) in _block_cases():
+        label = f"{name}({description})"
+        w, h = block.block_weights(p, q, draft)
+        got = call(fn, label, p.clone(), q.clone(), draft.clone())
+        history.append(((p, q, draft), got))
+        if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            raise CheckFailure(f"{label}: return a pair of tensors (w, h), each of shape ({draft.shape[0]},); got {got!r}.")
+        for what, want, have in (("w", w, got[0]), ("h", h, got[1])):
+            if have.shape != want.shape or not torch.allclose(have.to(torch.float64), want, rtol=1e-9, atol=1e-12):
+                raise CheckFailure(f"{label}: {what} should be {[round(x, 6) for x in want.tolist()]}, got "
+                                   f"{[round(float(x), 6) for x in have.flatten().tolist()]}."
+                                   f"{diagnose(for_exercise(name), history)}")
+
+
+def _draws(fn: Callable, label: str, p, q, draft, runs: int, seed: int) -> list[tuple[int, ...]]:
+    generator = torch.Generator().manual_seed(seed)
+    state = global_rng_state((p,))
+    out = []
+    for _ in range(runs):
+        got = call(fn, label, p, q, draft, generator)
+        if not isinstance(got, torch.Tensor) or got.ndim != 1 or got.dtype != torch.long:
+            raise CheckFailure(f"{label}: return the committed tokens as a 1-D long tensor, got {got!r}.")
+        out.append(tuple(got.tolist()))
+    expect_no_global_draws(label, state)
+    return out
+
+
+def check_block_verify(fn: Callable) -> None:
+    """Seeded Monte Carlo (3,000 rounds per block) against the enumerated law of block verification's output on the
+    paper's example and two random blocks; the same generator seed gives the same output."""
+    name = "block_verify"
+    cases = _block_cases()
+    picked = [cases[0], cases[4], cases[5]]
+    for description, (p, q, draft) in picked:
+        label = f"{name}({description})"
+        exact = {tokens: mass for tokens, mass in block.block_outcomes(p, q, draft).items() if mass > 0}
+        samples = _draws(fn, label, p, q, draft, 3000, seed=len(label))
+        compare_frequencies(samples, exact, label,
+                            hint="Keep the largest i with u_i <= h_i (from block_weights), then draw the last token "
+                                 "from p's bonus distribution if the whole block is kept, else from the residual "
+                                 "max(w_tau p - q, 0).")
+    p, q, draft = picked[1][1]
+    expect_reproducible(fn, f"{name}(random block)", lambda seed: (p, q, draft, torch.Generator().manual_seed(seed)))

@@ -1,0 +1,199 @@
+"""Known-wrong answers to the exercises of notebook 14 (the questions after EAGLE-3)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.chain import verify_chain
+from specdec.frontier import block, long_context, moe
+from specdec.mistakes import Mistake
+
+
+def _union_with_replacement(tokens: int, top_k: int, experts: int) -> float:
+    return experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens * top_k))
+
+
+def _step_reads(model, tokens, bytes_per_param, bandwidth, flops, touched=None, *, union=None, total=False,
+                add=False):
+    count = union(model, tokens) if union else (
+        touched(tokens) if touched else moe.expected_experts_touched(tokens, model.top_k, model.experts))
+    read = (model.dense_params + model.layers * count * model.expert_params) * bytes_per_param / bandwidth
+    compute = 2 * (model.total_params if total else model.active_params) * tokens / flops
+    return read + compute if add else max(read, compute)
+
+
+def _kv_step(model, rows, tokens_per_row, context, bytes_per_param, bandwidth, flops, *, kv=True, per_token=False,
+             window=True):
+    cached = context if model.window is None or not window else min(context, model.window)
+    kv_read = rows * cached * model.kv_bytes * (tokens_per_row if per_token else 1) if kv else 0.0
+    read = model.params * bytes_per_param + kv_read
+    compute = rows * tokens_per_row * (2 * model.params + model.attention_flops * cached)
+    return max(read / bandwidth, compute / flops)
+
+
+def _last_paying(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+    first = long_context.crossover_batch(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops,
+                                         max_rows)
+    return None if first is None else (first // 2 or None)
+
+
+def _linear_scan(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+    for rows in range(1, max_rows + 1):
+        if long_context.speedup_at(alpha, gamma, rows, context, target, draft, bytes_per_param, bandwidth, flops) <= 1:
+            return rows
+    return None
+
+
+def _max_rows_if_never(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+    first = long_context.crossover_batch(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops,
+                                         max_rows)
+    return max_rows if first is None else first
+
+
+def _weights(p, q, draft, *, h_is_w=False, last_keeps=False, uncapped=False, excess_of_p=False):
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    gamma, w, h, weight = draft.shape[0], [], [], 1.0
+    for i in range(gamma):
+        x = int(draft[i])
+        weight = weight * float(p[i, x]) / float(q[i, x])
+        weight = weight if uncapped else min(weight, 1.0)
+        w.append(weight)
+        if i == gamma - 1:
+            h.append(1.0 if last_keeps else weight)
+        elif h_is_w:
+            h.append(weight)
+        else:
+            mass = (p[i + 1] if excess_of_p else weight * p[i + 1]) - q[i + 1]
+            excess = float(mass.clamp_min(0).sum())
+            h.append(1.0 if weight >= 1.0 else min(excess / (excess + max(1.0 - weight, 0.0)), 1.0))
+    return torch.tensor(w, dtype=torch.float64), torch.tensor(h, dtype=torch.float64)
+
+
+def _block_first_kept(p, q, draft, generator=None):
+    w, h = block.block_weights(p, q, draft)
+    gamma = draft.shape[0]
+    u = torch.rand(gamma, generator=generator, dtype=torch.float64)
+    tau = 0
+    for i in range(gamma):  # stops at the first failure: token-wise order with block weights
+        if u[i] > h[i]:
+            break
+        tau = i + 1
+    last = p[gamma].to(torch.float64) if tau == gamma else block.block_residual(p[tau], q[tau], float(w[tau - 1]) if tau else 1.0)
+    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
+
+
+def _block_residual_of_p(p, q, draft, generator=None):
+    w, h = block.block_weights(p, q, draft)
+    gamma = draft.shape[0]
+    u = torch.rand(gamma, generator=generator, dtype=torch.float64)
+    kept = [i + 1 for i in range(gamma) if u[i] <= h[i]]
+    tau = kept[-1] if kept else 0
+    last = p[tau].to(torch.float64)  # the target's distribution, not the residual
+    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
+
+
+def _block_unweighted_residual(p, q, draft, generator=None):
+    w, h = block.block_weights(p, q, draft)
+    gamma = draft.shape[0]
+    u = torch.rand(gamma, generator=generator, dtype=torch.float64)
+    kept = [i + 1 for i in range(gamma) if u[i] <= h[i]]
+    tau = kept[-1] if kept else 0
+    last = p[gamma].to(torch.float64) if tau == gamma else block.block_residual(p[tau], q[tau], 1.0)
+    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
+
+
+MISTAKES: list[Mistake] = [
+    # expected_experts_touched
+    Mistake("expected_experts_touched", "per_token_sum", lambda tokens, top_k, experts: float(tokens * top_k),
+            "Counts top_k experts for every token: tokens that share an expert read it once. Count the experts that "
+            "at least one token routes to: each is missed by all n tokens with probability (1 - k/E)^n."),
+    Mistake("expected_experts_touched", "capped_sum", lambda tokens, top_k, experts: float(min(tokens * top_k, experts)),
+            "min(n k, E) assumes no two tokens share an expert until every expert is used; under random routing "
+            "they share long before that. Use the probability that an expert is missed by every token."),
+    Mistake("expected_experts_touched", "with_replacement", _union_with_replacement,
+            "Treats the n k picks as independent draws with replacement ((1 - 1/E)^(n k)); a token's top_k experts "
+            "are distinct, so one token misses an expert with probability 1 - k/E."),
+    Mistake("expected_experts_touched", "top_k_not_experts",
+            lambda tokens, top_k, experts: top_k * (1.0 - (1.0 - top_k / experts) ** tokens),
+            "Multiplies by top_k: the expectation is over all E experts, each touched with probability "
+            "1 - (1 - k/E)^n."),
+    # experts_touched
+    Mistake("experts_touched", "all_layers_together",
+            lambda routing: torch.full((routing.shape[0],), len(torch.unique(routing)), dtype=torch.int64),
+            "Counts the distinct ids over all layers at once: expert 3 of layer 0 and expert 3 of layer 1 are "
+            "different weights. Count each layer on its own."),
+    Mistake("experts_touched", "tokens_times_k",
+            lambda routing: torch.full((routing.shape[0],), routing.shape[1] * routing.shape[2], dtype=torch.int64),
+            "Counts every (token, expert) pair: an expert two tokens share is read once. Count distinct ids."),
+    Mistake("experts_touched", "distinct_per_token_summed",
+            lambda routing: torch.tensor([sum(len(torch.unique(t)) for t in layer) for layer in routing],
+                                         dtype=torch.int64),
+            "Sums each token's distinct experts: the union is over all the step's tokens of a layer."),
+    # moe_step_seconds
+    Mistake("moe_step_seconds", "reads_every_expert",
+            lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(
+                model, tokens, bpp, bw, fl, union=lambda m, n: m.experts),
+            "Reads all experts whatever the tokens: one token reads only its top_k per layer, which is why a "
+            "verify step of several tokens costs more than a decode step on an MoE."),
+    Mistake("moe_step_seconds", "experts_per_token",
+            lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(
+                model, tokens, bpp, bw, fl, union=lambda m, n: min(n * m.top_k, m.experts)),
+            "Reads top_k experts per token: tokens that share an expert read it once (use the expected union, or "
+            "the measured one when touched is given)."),
+    Mistake("moe_step_seconds", "ignores_measured_routing",
+            lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(model, tokens, bpp, bw, fl),
+            "Ignores touched: when the routing was measured, its union replaces the independent formula."),
+    Mistake("moe_step_seconds", "compute_with_total_params",
+            lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(model, tokens, bpp, bw, fl, touched,
+                                                                         total=True),
+            "Counts FLOPs for every parameter: a token multiplies only by the dense weights and its top_k "
+            "experts (active_params)."),
+    Mistake("moe_step_seconds", "read_plus_compute",
+            lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(model, tokens, bpp, bw, fl, touched,
+                                                                         add=True),
+            "Adds reading and computing: in the roofline they overlap, and the step takes the slower of the two."),
+    # step_seconds
+    Mistake("step_seconds", "no_kv_term", lambda *a: _kv_step(*a, kv=False),
+            "Leaves the KV cache out of the bytes read: at long context each row's cache is most of the step."),
+    Mistake("step_seconds", "kv_read_per_token", lambda *a: _kv_step(*a, per_token=True),
+            "Reads a row's cache once per new token: the gamma + 1 positions of a row attend to the same cache, "
+            "which a kernel reads once. That is why verification stays cheap at long context."),
+    Mistake("step_seconds", "window_ignored", lambda *a: _kv_step(*a, window=False),
+            "Reads the whole context for a model whose cache keeps only its last window positions."),
+    # crossover_batch
+    Mistake("crossover_batch", "last_paying_batch", _last_paying,
+            "Returns the last batch at which speculation still pays; the question is the first at which it no "
+            "longer does (speedup <= 1)."),
+    Mistake("crossover_batch", "every_batch_size", _linear_scan,
+            "Tries every batch size: the statement asks for the first power of two (1, 2, 4, ...) at which "
+            "speculation no longer pays."),
+    Mistake("crossover_batch", "max_rows_when_it_always_pays", _max_rows_if_never,
+            "Returns max_rows when speculation still pays there: return None, so that 'never within the range' "
+            "cannot be mistaken for a crossover at max_rows."),
+    # block_weights
+    Mistake("block_weights", "h_equals_w", lambda p, q, d: _weights(p, q, d, h_is_w=True),
+            "Keeps prefix i with probability w_i: that is the chance the prefix itself survives, but block "
+            "verification also counts the mass the next position can still give back: h_i = excess / "
+            "(excess + 1 - w_i)."),
+    Mistake("block_weights", "last_always_kept", lambda p, q, d: _weights(p, q, d, last_keeps=True),
+            "h_gamma is w_gamma: the whole block is kept with probability w_gamma, not always (no position after "
+            "it can give mass back)."),
+    Mistake("block_weights", "uncapped_weights", lambda p, q, d: _weights(p, q, d, uncapped=True),
+            "The weight is capped at 1 at every step: w_i = min(w_{i-1} p_i(x_i) / q_i(x_i), 1)."),
+    Mistake("block_weights", "excess_of_p_not_wp", lambda p, q, d: _weights(p, q, d, excess_of_p=True),
+            "The excess at the next position is of w_i p_{i+1} over q_{i+1}: the prefix's weight scales what "
+            "the target can give back there."),
+    # block_verify
+    Mistake("block_verify", "token_wise", verify_chain,
+            "Verifies token by token (stop at the first failed coin): exact, but it is notebook 04's rule, not "
+            "block verification, and it accepts fewer tokens."),
+    Mistake("block_verify", "stops_at_first_failure", _block_first_kept,
+            "Stops at the first position whose coin fails: block verification keeps the largest i with "
+            "u_i <= h_i, whatever failed before it (the point of deciding jointly)."),
+    Mistake("block_verify", "last_token_from_p", _block_residual_of_p,
+            "Draws the last token from the target's p after a short block: it must come from the residual "
+            "max(w_tau p - q, 0), or the output is no longer the target's distribution."),
+    Mistake("block_verify", "residual_without_weight", _block_unweighted_residual,
+            "Uses max(p - q, 0) after a kept prefix: the residual is max(w_tau p - q, 0), weighted by what is "
+            "left of the prefix."),
+]
