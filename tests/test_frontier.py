@@ -170,9 +170,9 @@ def test_long_context_moves_the_crossover_out_and_a_bounded_draft_cache_keeps_th
 @pytest.mark.parametrize("exit_layer", [1, 2, 3])
 def test_a_layer_skip_draft_is_exact_and_never_runs_an_early_layer_twice(exit_layer):
     """Greedy self-speculation with the shipped target's first layers as the draft: the output equals target-only
-    greedy decoding, and every layer processes the same positions (the early layers are not run again by
-    verification: their KV and hidden states from drafting are reused)."""
-    from specdec.frontier.layerskip import LayerSkipDecoder
+    greedy decoding, and every layer processes the same positions, counted by hooks on the layers (the early layers
+    are not run again by verification: their KV and hidden states from drafting are reused)."""
+    from specdec.frontier.layerskip import layer_skip_generate, positions_per_layer
     from specdec.models.checkpoints import load_pair
     from specdec.models.tokenizer import encode
 
@@ -183,12 +183,13 @@ def test_a_layer_skip_draft_is_exact_and_never_runs_an_early_layer_twice(exit_la
         with torch.no_grad():
             for _ in range(24):
                 tokens.append(int(target(torch.tensor([tokens]))[0, -1].argmax()))
-        decoder = LayerSkipDecoder(target, exit_layer)
-        out, stats = decoder.generate(prompt, 24, gamma=3)
+        with positions_per_layer(target) as counts:
+            out, stats = layer_skip_generate(target, exit_layer, prompt, 24, gamma=3)
         assert out == tokens[len(prompt):]
-        assert len(set(decoder.layer_tokens)) == 1 and stats["proposed"] >= stats["accepted"] > 0
+        assert len(set(counts)) == 1 and stats["proposed"] >= stats["accepted"] > 0
+        assert counts[0] == len(prompt) - 1 + stats["rounds"] + stats["proposed"]
     with pytest.raises(ValueError, match="exit_layer"):
-        LayerSkipDecoder(target, 4)
+        layer_skip_generate(target, 4, prompt, 4, 2)
 
 
 def test_a_mixture_of_one_expert_is_the_dense_mlp_and_routing_is_recorded_per_token():
@@ -228,11 +229,12 @@ def test_a_mixture_of_one_expert_is_the_dense_mlp_and_routing_is_recorded_per_to
 def _frontier_checks():
     from specdec.checks import frontier as checks
     from specdec.frontier import block, long_context, moe
+    from specdec.frontier.layerskip import layer_skip_generate
 
     reference = {"expected_experts_touched": moe.expected_experts_touched, "experts_touched": moe.experts_touched,
                  "moe_step_seconds": moe.moe_step_seconds, "step_seconds": long_context.step_seconds,
                  "crossover_batch": long_context.crossover_batch, "block_weights": block.block_weights,
-                 "block_verify": block.block_verify}
+                 "block_verify": block.block_verify, "layer_skip_generate": layer_skip_generate}
     return {name: (getattr(checks, f"check_{name}"), fn) for name, fn in reference.items()}
 
 

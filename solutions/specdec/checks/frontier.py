@@ -20,6 +20,7 @@ from specdec.checks.core import (
 )
 from specdec.checks.stats import compare_frequencies
 from specdec.frontier import block, long_context, moe
+from specdec.frontier.layerskip import layer_skip_generate, positions_per_layer
 from specdec.mistakes import for_exercise
 
 _SEED = 14
@@ -223,3 +224,39 @@ def check_block_verify(fn: Callable) -> None:
                                  "max(w_tau p - q, 0).")
     p, q, draft = picked[1][1]
     expect_reproducible(fn, f"{name}(random block)", lambda seed: (p, q, draft, torch.Generator().manual_seed(seed)))
+
+
+def check_layer_skip_generate(fn: Callable) -> None:
+    """The shipped target with its first 1, 2 and 3 layers as the draft, code and math prompts, gamma 1-5, a last
+    round that must draft fewer: the tokens equal target-only greedy decoding, the rounds and counts equal the
+    reference's, and every layer processes as many positions as the reference's (counted by hooks on the layers,
+    so the early layers' reuse is measured, not reported)."""
+    from specdec.models.checkpoints import load_pair
+    from specdec.models.tokenizer import encode
+
+    target, _ = load_pair()
+    name = "layer_skip_generate"
+    cases = [(2, "def parse(self, line):\n    ", 20, 4), (1, "Tom has 3 apples and buys 4 more. How many", 13, 3),
+             (3, "    for key, value in items:\n", 11, 5), (2, "x", 6, 1)]
+    history: list = []
+    for exit_layer, text, max_new, gamma in cases:
+        prompt = encode(text)
+        label = f"{name}(target, exit_layer={exit_layer}, prompt={text!r}, max_new_tokens={max_new}, gamma={gamma})"
+        with positions_per_layer(target) as want_counts:
+            want = layer_skip_generate(target, exit_layer, prompt, max_new, gamma)
+        with positions_per_layer(target) as got_counts:
+            got = call(fn, label, target, exit_layer, list(prompt), max_new, gamma)
+        history.append(((target, exit_layer, prompt, max_new, gamma), got))
+        hint = diagnose(for_exercise(name), history)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(f"{label}: return (tokens, stats), got {got!r}.")
+        tokens, stats = got
+        if tokens != want[0]:
+            raise CheckFailure(f"{label}: the tokens should be target-only greedy decoding's {want[0]}, got {tokens}."
+                               f"{hint}")
+        if stats != want[1]:
+            raise CheckFailure(f"{label}: stats should be {want[1]}, got {stats}: the same drafts must be proposed "
+                               f"and accepted.{hint}")
+        if got_counts != want_counts:
+            raise CheckFailure(f"{label}: the layers processed {got_counts} positions (layer 0 first); the reference "
+                               f"{want_counts}: no layer should run twice on a position.{hint}")

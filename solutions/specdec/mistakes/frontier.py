@@ -6,6 +6,8 @@ import torch
 
 from specdec.chain import verify_chain
 from specdec.frontier import block, long_context, moe
+from specdec.frontier.layerskip import embed, exit_logits, run_layers
+from specdec.models.model import KVCache
 from specdec.mistakes import Mistake
 
 
@@ -102,6 +104,54 @@ def _block_unweighted_residual(p, q, draft, generator=None):
     return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
 
 
+@torch.no_grad()
+def _layer_skip(model, exit_layer, prompt, max_new_tokens, gamma, *, recompute=False, no_bonus=False,
+                past_end=False, no_cut=False):
+    n = model.config.n_layers
+    cache = KVCache(model.config, max_len=len(prompt) + max_new_tokens + 2 * gamma + 2)
+    if len(prompt) > 1:
+        run_layers(model, embed(model, prompt[:-1]), range(n), cache, 0)
+    length, pending, out = len(prompt) - 1, prompt[-1], []
+    stats = {"rounds": 0, "proposed": 0, "accepted": 0}
+    while len(out) < max_new_tokens:
+        g = gamma if past_end else min(gamma, max_new_tokens - len(out) - 1)
+        drafts, early, token = [], [], pending
+        for j in range(g):
+            hidden = run_layers(model, embed(model, [token]), range(exit_layer), cache, length + j)
+            early.append(hidden)
+            token = int(exit_logits(model, hidden)[0, -1].argmax())
+            drafts.append(token)
+        if no_bonus and g:  # the late layers over the drafted positions only: no token of the target's after them
+            choice = exit_logits(model, run_layers(model, torch.cat(early, dim=1), range(exit_layer, n), cache,
+                                                   length))[0].argmax(-1).tolist()
+            k = 0
+            while k < g and drafts[k] == choice[k]:
+                k += 1
+            committed = drafts if k == g else drafts[:k] + [choice[k]]
+            out += committed
+            length, pending = length + len(committed), committed[-1]  # all accepted: the last draft is pending
+            stats["rounds"] += 1
+            stats["proposed"] += g
+            stats["accepted"] += k
+            continue
+        if recompute:  # verification from the embeddings: the early layers run again on every position
+            hidden = run_layers(model, embed(model, [pending] + drafts), range(n), cache, length)
+        else:
+            early.append(run_layers(model, embed(model, [token]), range(exit_layer), cache, length + g))
+            hidden = run_layers(model, torch.cat(early, dim=1), range(exit_layer, n), cache, length)
+        choice = exit_logits(model, hidden)[0].argmax(-1).tolist()
+        k = 0
+        while k < g and drafts[k] == choice[k]:
+            k += 1
+        out += drafts[:k] + [choice[k]]
+        length = length + (g if no_cut else k) + 1
+        pending = choice[k]
+        stats["rounds"] += 1
+        stats["proposed"] += g
+        stats["accepted"] += k
+    return out[:max_new_tokens], stats
+
+
 MISTAKES: list[Mistake] = [
     # expected_experts_touched
     Mistake("expected_experts_touched", "per_token_sum", lambda tokens, top_k, experts: float(tokens * top_k),
@@ -170,6 +220,22 @@ MISTAKES: list[Mistake] = [
     Mistake("crossover_batch", "max_rows_when_it_always_pays", _max_rows_if_never,
             "Returns max_rows when speculation still pays there: return None, so that 'never within the range' "
             "cannot be mistaken for a crossover at max_rows."),
+    # layer_skip_generate
+    Mistake("layer_skip_generate", "recomputes_early_layers",
+            lambda *a: _layer_skip(*a, recompute=True),
+            "Verification runs every layer from the embeddings: the early layers already ran on every drafted "
+            "position while drafting (their K and V are in the cache, their hidden states in hand). Feed the early "
+            "layers only the last draft, then the late layers over all gamma + 1 positions."),
+    Mistake("layer_skip_generate", "no_token_after_the_drafts", lambda *a: _layer_skip(*a, no_bonus=True),
+            "Verification stops at the drafted positions: feed the last draft through the early layers too and run "
+            "the late layers over gamma + 1 positions, so that a round whose drafts are all accepted still adds the "
+            "target's own next token."),
+    Mistake("layer_skip_generate", "drafts_past_max_tokens", lambda *a: _layer_skip(*a, past_end=True),
+            "The last round drafts gamma tokens even when fewer are left: draft at most max_new_tokens - "
+            "len(out) - 1, since the round always adds one token of the target's."),
+    Mistake("layer_skip_generate", "keeps_rejected_positions", lambda *a: _layer_skip(*a, no_cut=True),
+            "After a rejection the cache still counts the rejected drafts' positions: the next round must start "
+            "right after the k accepted drafts and the token the target chose (length + k + 1)."),
     # block_weights
     Mistake("block_weights", "h_equals_w", lambda p, q, d: _weights(p, q, d, h_is_w=True),
             "Keeps prefix i with probability w_i: that is the chance the prefix itself survives, but block "
