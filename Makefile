@@ -14,7 +14,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-cohort nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-cohort nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
@@ -38,6 +38,8 @@ help:
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 8 min)"
 	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-256 requests (artifacts/serve/)"
 	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json: the crossover experiment (about 10 min) and the closed loop (about 17 min)"
+	@echo "make bench-frontier  notebook 14's measurements: the MoE target's routing, layer-skip acceptance by exit layer, forward costs by context (artifacts/frontier/; about 3 min)"
+	@echo "make bench-frontier-notebook  the same into data/bench/nb14_frontier.json, the copy notebook 14 will read"
 	@echo "make bench-drafters  every proposer side by side on the target, code and math (notebook 12; artifacts/drafters/)"
 	@echo "make bench-drafters-notebook  re-measure notebook 12's copy into data/bench/nb12_drafters.json (about 3 min)"
 	@echo "make bench-eagle3  notebook 13's MTP-style and EAGLE-3-style drafters against EAGLE-1 (artifacts/drafters/eagle3.json; needs make heads)"
@@ -150,6 +152,12 @@ bench-serve: $(STAMP)
 
 bench-serve-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench.serve --notebook-reference data/bench/nb11_serve.json
+
+bench-frontier: $(STAMP)
+	$(BIN)/python -m specdec.bench.frontier
+
+bench-frontier-notebook: $(STAMP)
+	$(BIN)/python -m specdec.bench.frontier --out data/bench/nb14_frontier.json
 
 bench-cohort: $(STAMP)
 	$(BIN)/python -m specdec.bench.cohort --copies 100 --workers 2

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from specdec.bench.speculative import main
 from specdec.models.checkpoints import save
@@ -259,3 +260,26 @@ def test_help_describes_both_modes_and_a_misplaced_option_is_named(capsys):
     with pytest.raises(SystemExit):
         main(["--prompts", "code"])
     assert "needs --target" in capsys.readouterr().err
+
+
+def test_notebook_14s_benchmark_reports_routing_layer_skip_and_costs_by_context():
+    """The frontier benchmark on small settings: unions never exceed the independent formula's upper bound (the
+    experts), a window of one token touches exactly top_k, every layer-skip output equals target-only greedy
+    decoding, and the costs come per context and row count."""
+    from specdec.bench.frontier import context_costs, layer_skip_report, routing_report
+    from specdec.models.checkpoints import load_pair
+    from specdec.models.model import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    moe = Llama(LlamaConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=16, n_experts=8, top_k=2)).eval()
+    routing = routing_report(moe)
+    for task in ("code", "math"):
+        assert routing[task]["consecutive"][1] == 2 and routing[task]["scattered"][1] == 2
+        assert all(2 <= v <= 8 for v in routing[task]["consecutive"].values())
+        assert sum(routing[task]["expert_share"]) == pytest.approx(1.0, abs=1e-3)
+    target, draft = load_pair()
+    skip = layer_skip_report(target, gamma=2, new_tokens=8, prompts_per_task=1)
+    assert len(skip["by_exit"]) == 2 * (target.config.n_layers - 1)
+    assert all(r["identical_to_target"] and 0 <= r["acceptance"] <= 1 for r in skip["by_exit"].values())
+    costs = context_costs(target, draft, [8, 32], [1, 2], passes=1)
+    assert set(costs) == {8, 32} and all(set(v) == {1, 2} and v[2]["plain_ms"] > 0 for v in costs.values())
