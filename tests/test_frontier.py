@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from specdec import kernels  # noqa: F401  (first: the mistake catalogue imports it, and it must precede Triton)
 from specdec.frontier.block import (
     block_outcomes,
     block_verify,

@@ -29,6 +29,9 @@ Byte-level Llama-style decoders (`specdec/models/model.py`) trained by this proj
 notebooks: real KV caches, real acceptance rates, real speedups. They are not useful models.
 `draft_undistilled` has the draft's architecture, data and steps but learns the next byte alone
 instead of the target's distribution: the control that shows what distillation buys.
+`moe_target` (notebook 14) is a mixture of experts: every layer's MLP is 8 experts of d_ff 128 (the table's
+d_ff), 2 per token, chosen by a linear router, trained with Switch Transformer's load-balancing loss (weight 0.01);
+1.58M of its 3.94M parameters act on each token. It is no draft's target: notebook 14 measures its routing.
 
 | model | parameters | d_model | layers | query / KV heads | d_ff | context | file (bf16) |
 |---|---|---|---|---|---|---|---|
