@@ -38,7 +38,7 @@ help:
 	@echo "make bench-notebook  re-measure notebook 09's reference sweep into data/bench/nb09_full.json (about 8 min)"
 	@echo "make bench-serve  the serving engine under load, speculation off / on / adaptive, 1-256 requests (artifacts/serve/)"
 	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json: the crossover experiment (about 10 min) and the closed loop (about 17 min)"
-	@echo "make bench-frontier  notebook 14's measurements: the MoE target's routing, layer-skip acceptance by exit layer, forward costs by context (artifacts/frontier/; about 3 min)"
+	@echo "make bench-frontier  notebook 14's measurements: the MoE target's routing, layer-skip acceptance by exit layer, forward costs by context (artifacts/frontier/; about 1 min)"
 	@echo "make bench-frontier-notebook  the same into data/bench/nb14_frontier.json, the copy notebook 14 will read"
 	@echo "make bench-drafters  every proposer side by side on the target, code and math (notebook 12; artifacts/drafters/)"
 	@echo "make bench-drafters-notebook  re-measure notebook 12's copy into data/bench/nb12_drafters.json (about 3 min)"
