@@ -7,8 +7,8 @@ import torch
 from specdec.chain import verify_chain
 from specdec.frontier import block, long_context, moe
 from specdec.frontier.layerskip import embed, exit_logits, run_layers
-from specdec.models.model import KVCache
 from specdec.mistakes import Mistake
+from specdec.models.model import KVCache
 
 
 def _union_with_replacement(tokens: int, top_k: int, experts: int) -> float:
