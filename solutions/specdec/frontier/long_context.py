@@ -5,7 +5,7 @@ crossover (the batch beyond which speculation stops paying) assumed the weights 
 tokens then turn the step compute bound at a modest batch. At long context the KV read, B * context * kv_bytes,
 dominates instead; it does not grow with the gamma + 1 query tokens of a row (they read the same cache), so a verify
 step stays memory bound and nearly as cheap as a decode step at a batch where short contexts had long turned it
-compute bound (MagicDec, Chen et al. 2024, arXiv 2408.11049). A draft whose own KV is bounded (a sliding window or
+compute bound (MagicDec, Sadhukhan, Chen et al., arXiv 2408.11049). A draft whose own KV is bounded (a sliding window or
 a sparse cache of ``window`` positions) stays cheap while the target's grows.
 """
 
