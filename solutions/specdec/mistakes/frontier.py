@@ -71,37 +71,25 @@ def _weights(p, q, draft, *, h_is_w=False, last_keeps=False, uncapped=False, exc
     return torch.tensor(w, dtype=torch.float64), torch.tensor(h, dtype=torch.float64)
 
 
-def _block_first_kept(p, q, draft, generator=None):
-    w, h = block.block_weights(p, q, draft)
-    gamma = draft.shape[0]
-    u = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    tau = 0
-    for i in range(gamma):  # stops at the first failure: token-wise order with block weights
-        if u[i] > h[i]:
-            break
-        tau = i + 1
-    last = p[gamma].to(torch.float64) if tau == gamma else block.block_residual(p[tau], q[tau], float(w[tau - 1]) if tau else 1.0)
-    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
-
-
-def _block_residual_of_p(p, q, draft, generator=None):
+def _block_sampler(p, q, draft, generator=None, *, first_failure=False, last="residual"):
+    """Block verification with one thing changed: stop at the first failed coin, or draw the last token from p
+    ("p") or from the residual without the prefix's weight ("unweighted")."""
     w, h = block.block_weights(p, q, draft)
     gamma = draft.shape[0]
     u = torch.rand(gamma, generator=generator, dtype=torch.float64)
     kept = [i + 1 for i in range(gamma) if u[i] <= h[i]]
     tau = kept[-1] if kept else 0
-    last = p[tau].to(torch.float64)  # the target's distribution, not the residual
-    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
-
-
-def _block_unweighted_residual(p, q, draft, generator=None):
-    w, h = block.block_weights(p, q, draft)
-    gamma = draft.shape[0]
-    u = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    kept = [i + 1 for i in range(gamma) if u[i] <= h[i]]
-    tau = kept[-1] if kept else 0
-    last = p[gamma].to(torch.float64) if tau == gamma else block.block_residual(p[tau], q[tau], 1.0)
-    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
+    if first_failure:  # token-wise order with block weights
+        tau = 0
+        while tau < gamma and u[tau] <= h[tau]:
+            tau += 1
+    if last == "p":
+        law = p[tau].to(torch.float64)
+    elif tau == gamma:
+        law = p[gamma].to(torch.float64)
+    else:
+        law = block.block_residual(p[tau], q[tau], 1.0 if last == "unweighted" or not tau else float(w[tau - 1]))
+    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(law, 1, generator=generator)])
 
 
 @torch.no_grad()
@@ -253,13 +241,13 @@ MISTAKES: list[Mistake] = [
     Mistake("block_verify", "token_wise", verify_chain,
             "Verifies token by token (stop at the first failed coin): exact, but it is notebook 04's rule, not "
             "block verification, and it accepts fewer tokens."),
-    Mistake("block_verify", "stops_at_first_failure", _block_first_kept,
+    Mistake("block_verify", "stops_at_first_failure", lambda *a: _block_sampler(*a, first_failure=True),
             "Stops at the first position whose coin fails: block verification keeps the largest i with "
             "u_i <= h_i, whatever failed before it (the point of deciding jointly)."),
-    Mistake("block_verify", "last_token_from_p", _block_residual_of_p,
+    Mistake("block_verify", "last_token_from_p", lambda *a: _block_sampler(*a, last="p"),
             "Draws the last token from the target's p after a short block: it must come from the residual "
             "max(w_tau p - q, 0), or the output is no longer the target's distribution."),
-    Mistake("block_verify", "residual_without_weight", _block_unweighted_residual,
+    Mistake("block_verify", "residual_without_weight", lambda *a: _block_sampler(*a, last="unweighted"),
             "Uses max(p - q, 0) after a kept prefix: the residual is max(w_tau p - q, 0), weighted by what is "
             "left of the prefix."),
 ]
