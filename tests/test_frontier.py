@@ -84,9 +84,9 @@ def test_block_weights_follow_their_definition_on_ties_and_extremes():
 
 
 def test_block_verify_samples_what_the_enumeration_says():
-    """Seeded Monte Carlo (20,000 rounds of one drafted block, 3 drafts, 4 tokens): every committed block's frequency
-    within 0.012 of its exact probability (5 standard deviations at the largest); the sampler draws from the
-    generator it is given only."""
+    """Seeded Monte Carlo (8,000 rounds of one drafted block, 3 drafts, 4 tokens): every committed block's frequency
+    within 0.025 of its exact probability (4.5 standard deviations at the largest possible, p = 1/2); the sampler
+    draws from the generator it is given only."""
     gen = torch.Generator().manual_seed(5)
     p = torch.softmax(torch.randn(4, 4, generator=gen, dtype=torch.float64) * 1.5, -1)
     q = torch.softmax(torch.randn(3, 4, generator=gen, dtype=torch.float64) * 1.5, -1)
@@ -96,12 +96,12 @@ def test_block_verify_samples_what_the_enumeration_says():
     torch.manual_seed(0)
     state = torch.get_rng_state()
     sampler = torch.Generator().manual_seed(1)
-    for _ in range(20000):
+    for _ in range(8000):
         tokens = tuple(block_verify(p, q, draft, sampler).tolist())
         counts[tokens] = counts.get(tokens, 0) + 1
     assert torch.equal(state, torch.get_rng_state())
     assert set(counts) <= set(exact)
-    assert max(abs(counts.get(k, 0) / 20000 - v) for k, v in exact.items()) < 0.012
+    assert max(abs(counts.get(k, 0) / 8000 - v) for k, v in exact.items()) < 0.025
 
 
 def test_expected_experts_match_simulated_independent_routing_and_measured_routing_is_counted_per_layer():
