@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specdec.bench.timing import LoadWatch
+from specdec.engine import target_only_generate
 from specdec.frontier.layerskip import layer_skip_generate, positions_per_layer
 from specdec.frontier.moe import expected_experts_touched, mean_union, routing_of
 from specdec.models import corpus, tokenizer
@@ -74,25 +75,12 @@ def layer_skip_report(target: torch.nn.Module, gamma: int = 4, new_tokens: int =
                 prompt = tokenizer.encode(row["prompt"])[-(target.config.max_seq_len - new_tokens - gamma - 2):]
                 with positions_per_layer(target) as counts:
                     tokens, stats = layer_skip_generate(target, exit_layer, prompt, new_tokens, gamma)
-                identical &= tokens == _greedy(target, prompt, new_tokens) and len(set(counts)) == 1
+                identical &= tokens == target_only_generate(target, prompt, new_tokens) and len(set(counts)) == 1
                 accepted, proposed, rounds = (accepted + stats["accepted"], proposed + stats["proposed"],
                                               rounds + stats["rounds"])
             out["by_exit"][f"{exit_layer} {task}"] = {
                 "exit_layer": exit_layer, "task": task, "acceptance": accepted / proposed,
                 "tokens_per_round": (accepted + rounds) / rounds, "identical_to_target": identical}
-    return out
-
-
-@torch.no_grad()
-def _greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
-    from specdec.models.model import KVCache
-
-    cache = KVCache(model.config, max_len=len(prompt) + n)
-    logits = model(torch.tensor([prompt]), cache)
-    out = []
-    for _ in range(n):
-        out.append(int(logits[0, -1].argmax()))
-        logits = model(torch.tensor([[out[-1]]]), cache)
     return out
 
 
