@@ -159,16 +159,25 @@ class GoodputGate:
         self.margin, self.sure, self.probe_every, self.max_interval = margin, sure, probe_every, max_interval
         self.pair_within, self.min_rounds, self.probe_share = pair_within, min_rounds, probe_share
         self.tau: dict[int, tuple[float, float]] = {}  # gamma -> (tokens committed, rounds), decayed per record
-        self.rows = 0  # the batch size the pairs were measured at
+        self._new_book(0)
+        self.shelf: dict[int, tuple] = {}  # batch size -> its book (pairs, recent, probed, interval) while away
+        self.clock = -1  # the latest step seen, on the gate's clock (an engine's steps plus its offset)
+        self.offset = 0  # added to the steps of the engine that uses the gate now
+
+    def _new_book(self, rows: int) -> None:
+        """Nothing measured yet at ``rows`` rows."""
+        self.rows = rows  # the batch size the pairs were measured at
         self.pairs: list[tuple[int, float, int]] = []  # (gamma, seconds ratio, step) of the recent pairs
         # each arm's recent steps: (step, gamma, seconds per row, paired already); a step in which only some rows
         # drafted is neither arm's
         self.recent: dict[bool, list[tuple[int, int, float, bool]]] = {True: [], False: []}
         self.probed = -1  # the step of the latest probe of speculation on a share of the rows
-        self.interval = probe_every
-        self.shelf: dict[int, tuple] = {}  # batch size -> its book (pairs, recent, probed, interval) while away
-        self.clock = -1  # the latest step seen, on the gate's clock (an engine's steps plus its offset)
-        self.offset = 0  # added to the steps of the engine that uses the gate now
+        self.interval = self.probe_every
+
+    @staticmethod
+    def _near(rows: int, anchor: int) -> bool:
+        """``rows`` is about the batch size ``anchor`` (within a quarter of it)."""
+        return abs(rows - anchor) <= anchor / 4
 
     def start_engine(self) -> None:
         """A new engine takes the gate over: its step 0 comes after every step seen, with a gap wide enough that no
@@ -185,16 +194,15 @@ class GoodputGate:
         quarter), or start an empty one."""
         if self.rows and (self.pairs or self.recent[True] or self.recent[False]):
             self.shelf[self.rows] = (self.pairs, self.recent, self.probed, self.interval)
-        near = [r for r in self.shelf if abs(rows - r) <= r / 4]
+        near = [r for r in self.shelf if self._near(rows, r)]
         if near:
             self.rows = min(near, key=lambda r: abs(rows - r))
             self.pairs, self.recent, self.probed, self.interval = self.shelf.pop(self.rows)
         else:
-            self.rows, self.pairs, self.interval = rows, [], self.probe_every
-            self.recent, self.probed = {True: [], False: []}, -1
+            self._new_book(rows)
 
     def _same_batch(self, rows: int) -> bool:
-        return abs(rows - self.rows) <= self.rows / 4
+        return self._near(rows, self.rows)
 
     def record(self, step: int, rows: int, gamma: int, seconds: float, tokens: int, alpha: float,
                drafting: int | None = None) -> None:
