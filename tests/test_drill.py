@@ -1,4 +1,4 @@
-"""The interview drills of notebooks 12 and 13: each check accepts the answer (rounded as a person would write
+"""The interview drills of notebooks 12, 13 and 14: each check accepts the answer (rounded as a person would write
 it), rejects every catalogued wrong answer and names its slip, and the notebooks' test cells do the same."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import nbgrader_meta, read, source_path
 from specdec.checks import CheckFailure, drill
 from specdec.mistakes.drill import WRONG_ANSWERS, for_question
 
-SLUGS = ("12_self_drafting", "13_production")
+SLUGS = ("12_self_drafting", "13_production", "14_frontier")
 NUMBERS = drill.numbers()
 CHOICES = drill.choices()
 

@@ -13,26 +13,11 @@ from specdec.frontier.block import (
     block_verify,
     block_weights,
     expected_accepted,
+    random_models,
     round_outcomes,
     sequence_law,
     target_law,
 )
-
-
-def random_models(vocab: int, seed: int, concentration: float = 0.5):
-    """A target and a draft whose next-token distributions depend on the whole prefix (drawn lazily, float64)."""
-    gen = torch.Generator().manual_seed(seed)
-    tables: tuple[dict, dict] = ({}, {})
-
-    def model(table):
-        def next_token(prefix):
-            if prefix not in table:
-                weights = torch.rand(vocab, generator=gen, dtype=torch.float64) ** (1 / concentration)  # skewed
-                table[prefix] = weights / weights.sum()
-            return table[prefix]
-        return next_token
-
-    return model(tables[0]), model(tables[1])
 
 
 def constant(p):

@@ -30,6 +30,7 @@ from specdec.mistakes import (
     chain,
     drafters,
     engine,
+    frontier,
     greedy,
     kernels,
     ledger,
@@ -55,6 +56,7 @@ CATALOGUES = {
     "11_serving": serving.MISTAKES,
     "12_self_drafting": drafters.MISTAKES,
     "13_production": production.MISTAKES,
+    "14_frontier": frontier.MISTAKES,
 }
 
 

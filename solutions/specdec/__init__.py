@@ -73,6 +73,9 @@ mistakes)::
     11  serving            serving.*, bench.serve                serving    test_serving
     12  self-drafting      drafters.*, bench.drafters,           drafters   test_self_drafting,
                            viz.drafters                                     test_drafter_pictures
+    13  production         production.*, serving.prefix_cache,   production test_production,
+                           drafters.eagle3, bench.production                test_alternatives_production
+    14  frontier           frontier.*, bench.frontier            frontier   test_frontier
 
 The pipeline (release in sync, every notebook runs, solutions score full marks, blank skeletons
 zero) is ``tests/test_notebooks.py``; grading is ``tests/test_grading.py`` and ``tests/test_cohort.py``.

@@ -1,4 +1,4 @@
-"""Hidden-test checks for the interview drills of notebooks 12 and 13 (notebook 10's drill is in
+"""Hidden-test checks for the interview drills of notebooks 12, 13 and 14 (notebook 10's drill is in
 ``specdec.checks.pitfalls``).
 
 A numeric question holds its exact answer, a relative tolerance that accepts correct rounding, and its
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from specdec.checks.core import CheckFailure, close, fmt
 from specdec.drafters.memory import drafter_cost
+from specdec.frontier.moe import expected_experts_touched
+from specdec.ledger import expected_tokens_per_round
 from specdec.metrics import alpha_from_rate
 from specdec.mistakes.drill import for_question
 from specdec.models.model import LlamaConfig
@@ -119,6 +121,29 @@ def _numbers() -> dict[str, Number]:
                                 "The cap is min(max_drafts, int(factor x match length)) = min(16, int(1.5 x 5)) = "
                                 "7; the estimate after 7 steps is 0.52, still above min_prob = 0.1, so the cap "
                                 "stops the walk at 7 drafts."),
+        # -- notebook 14 --------------------------------------------------------------------------------------
+        "EXPERTS_UNION": Number("14_frontier", expected_experts_touched(6, 8, 64), 0.005,
+                                "gamma = 5 drafts plus the last committed token: 6 tokens route, each to 8 of 64. "
+                                "An expert is missed by all 6 with probability (1 - 8/64)^6 = 0.449, so the union "
+                                "is 64 x (1 - 0.449) = 35.27 experts per layer."),
+        "VERIFY_GB": Number("14_frontier", (2.5e9 + 48 * expected_experts_touched(5, 8, 64) * 20e6) * 2 / 1e9, 0.005,
+                            "5 tokens touch 64 x (1 - (7/8)^5) = 31.17 experts per layer; 48 x 31.17 x 20M = 29.9B "
+                            "expert parameters plus 2.5B dense, 2 bytes each: 64.85 GB (a decode step reads 20.4)."),
+        "KV_SHARE": Number("14_frontier", 16 * 32768 * 131072 / (16 * 32768 * 131072 + 8.03e9 * 2), 0.005,
+                           "Each row reads its own cache: 16 x 32,768 x 131,072 bytes = 68.7 GB; the weights are read "
+                           "once: 16.06 GB. The share is 68.7 / (68.7 + 16.06) = 0.811."),
+        "TP_DRAFT_MS": Number("14_frontier", 0.3 / 8 + 24 * 2 * 0.020, 0.005,
+                              "Compute splits 8 ways: 0.3 / 8 = 0.0375 ms; the all-reduces do not: 24 layers x 2 x "
+                              "20 us = 0.96 ms. 0.9975 ms per token, three times the draft's time on one GPU."),
+        "LAYERSKIP_SPEEDUP": Number("14_frontier", expected_tokens_per_round(0.6, 4) / (4 * 8 / 32 + 1), 0.005,
+                                    "A round: 4 drafts at 8/32 of a step each = 1 step, then verification: 8 layers "
+                                    "on one position and 24 on five, 32 layers read once = 1 step. E(0.6, 4) = (1 - "
+                                    "0.6^5) / 0.4 = 2.306 tokens per 2 steps: 1.153x."),
+        "BLOCK_ACCEPTED": Number("14_frontier", 7 / 8, 0.005,
+                                 "E[accepted | block] = 2 h_2 + h_1 (1 - h_2), the blocks drawn from q: [0, 0] (9/16) "
+                                 "has w = (1/3, 1/9), h = (0, 1/9), E = 2/9; [0, 1] (3/16) h = (0, 1), E = 2; [1, 0] "
+                                 "(3/16) h = (1, 1/3), E = 4/3; [1, 1] (1/16) E = 2. In all 9/16 x 2/9 + 3/16 x 2 + "
+                                 "3/16 x 4/3 + 1/16 x 2 = 7/8, against 3/4 token-wise."),
     }
 
 
@@ -129,6 +154,9 @@ CHOICES: dict[str, Choice] = {
     "LOOKAHEAD_BLOCK": Choice("13_production", "a"),
     "TEMP0_TOKENS": Choice("13_production", "c"),
     "BATCH_128": Choice("13_production", "d"),
+    "ROLLOUT_TAIL": Choice("14_frontier", "c"),
+    "DISAGG_STATE": Choice("14_frontier", "b"),
+    "RELAXED_QUALITY": Choice("14_frontier", "c"),
 }
 
 

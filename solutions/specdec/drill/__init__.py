@@ -16,6 +16,7 @@ from __future__ import annotations
 from specdec.drill import (  # noqa: F401  (importing a template module registers its templates)
     templates_acceptance,
     templates_drafters,
+    templates_frontier,
     templates_kernels,
     templates_kv,
     templates_ledger,

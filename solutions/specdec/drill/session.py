@@ -29,7 +29,7 @@ def templates(topic: str | None = None) -> list[Template]:
     chosen = [t for t in every if key in (t.topic, t.section.notebook)]
     if not chosen:
         raise DrillInputError(f"unknown topic {topic!r}: choose one of {', '.join(TOPICS)}, or a notebook number "
-                              f"(01-13) that has questions")
+                              f"(01-14) that has questions")
     return chosen
 
 

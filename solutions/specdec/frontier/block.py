@@ -162,6 +162,24 @@ def sequence_law(target: Dist, draft_model: Dist, length: int, gamma: int, verif
     return law
 
 
+def random_models(vocab: int, seed: int, concentration: float = 0.5) -> tuple[Dist, Dist]:
+    """A target and a draft whose next-token distributions depend on the whole prefix, drawn lazily from a seeded
+    generator (float64; a small ``concentration`` skews them), for the enumerations above."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def model() -> Dist:
+        table: dict[tuple[int, ...], torch.Tensor] = {}
+
+        def next_token(prefix: tuple[int, ...]) -> torch.Tensor:
+            if prefix not in table:
+                weights = torch.rand(vocab, generator=generator, dtype=torch.float64) ** (1 / concentration)
+                table[prefix] = weights / weights.sum()
+            return table[prefix]
+        return next_token
+
+    return model(), model()
+
+
 def target_law(target: Dist, length: int, prefix: tuple[int, ...] = ()) -> dict[tuple[int, ...], float]:
     """The target's own law of its next ``length`` tokens after ``prefix``."""
     if length <= 0:

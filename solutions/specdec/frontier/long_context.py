@@ -76,3 +76,54 @@ def crossover_batch(alpha: float, gamma: int, context: int, target: Decoder, dra
         rows *= 2
     return None
     ### END SOLUTION
+
+
+def decoder_of(config, name: str, bytes_per_value: float = 4.0) -> Decoder:
+    """The :class:`Decoder` of one of the course's Llamas (``LlamaConfig``): its parameter count, K and V bytes per
+    cached position over all layers, and attention FLOPs per query token per cached position."""
+    head_dim = config.d_model // config.n_heads
+    d, f, v, n = config.d_model, config.d_ff, config.vocab_size, config.n_layers
+    attention = d * head_dim * (2 * config.n_heads + 2 * config.n_kv_heads)
+    params = 2 * v * d + n * (attention + 3 * d * f + 2 * d) + d
+    return Decoder(name, params, 2 * n * config.n_kv_heads * head_dim * bytes_per_value,
+                   4 * n * config.n_heads * head_dim)
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """A CPU described by four rates (seconds, bytes/s, FLOP/s): a fixed cost per forward, the rate its weights
+    stream at, the rate its attention reads a row's cache at, and its matmul rate. A CPU overlaps reading and
+    computing poorly, so the terms add up (a GPU's roofline takes their maximum)."""
+
+    overhead: float
+    weight_bandwidth: float
+    kv_bandwidth: float
+    flops: float
+
+
+def cpu_step_seconds(rates: CpuRates, model: Decoder, rows: int, tokens_per_row: int, context: int,
+                     bytes_per_param: float = 4.0) -> float:
+    """The ledger's step time on a CPU: overhead + weights / weight_bandwidth + rows' caches / kv_bandwidth +
+    FLOPs / flops (the same terms as :func:`step_seconds`, added)."""
+    read_weights = model.params * bytes_per_param / rates.weight_bandwidth
+    read_kv = rows * context * model.kv_bytes / rates.kv_bandwidth
+    compute = rows * tokens_per_row * (2 * model.params + model.attention_flops * context) / rates.flops
+    return rates.overhead + read_weights + read_kv + compute
+
+
+def fit_cpu_rates(measured: list[tuple[int, int, int, float]], model: Decoder) -> tuple[CpuRates, float]:
+    """The :class:`CpuRates` that best explain ``measured`` step times (rows, tokens per row, context, seconds),
+    by least squares on log times over a grid of rates; returns them and the root-mean-square relative error."""
+    import itertools
+    import math
+
+    def grid(low: float, high: float, n: int) -> list[float]:
+        return [low * (high / low) ** (i / (n - 1)) for i in range(n)]
+
+    best = (math.inf, None)
+    for rates in itertools.starmap(CpuRates, itertools.product(grid(2e-4, 2e-2, 9), grid(1e9, 3e11, 9),
+                                                                 grid(1e8, 1e11, 13), grid(1e9, 1e12, 11))):
+        error = sum(math.log(cpu_step_seconds(rates, model, *point[:3]) / point[3]) ** 2 for point in measured)
+        best = min(best, (error, rates), key=lambda pair: pair[0])
+    error, rates = best
+    return rates, math.exp(math.sqrt(error / len(measured))) - 1

@@ -25,7 +25,7 @@ class Mistake:
 
 #: The modules of the catalogue, one per notebook.
 MODULES = ("ledger", "greedy", "rejection", "chain", "engine", "lookup", "tree", "kernels", "analysis", "pitfalls",
-           "serving", "drafters", "production")
+           "serving", "drafters", "production", "frontier")
 
 
 def catalogue() -> list[Mistake]:

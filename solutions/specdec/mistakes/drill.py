@@ -1,4 +1,4 @@
-"""Known-wrong answers to the interview drills of notebooks 12 and 13 (``specdec.checks.drill``).
+"""Known-wrong answers to the interview drills of notebooks 12, 13 and 14 (``specdec.checks.drill``).
 
 A drill question is answered with a number or a letter, not a function, so its catalogued mistakes are
 values: each :class:`WrongAnswer` is an answer a learner plausibly gives and the slip that produces it.
@@ -9,6 +9,8 @@ its question, both through the check and through the notebook's test cell.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from specdec.frontier.moe import expected_experts_touched as expected_union
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,50 @@ WRONG_ANSWERS: tuple[WrongAnswer, ...] = (
                 "compute-bound batch cannot afford"),
     WrongAnswer("BATCH_128", "c", "greedy verification changes the output distribution of sampling requests and "
                 "saves almost nothing: the cost is in the verify forward"),
+    # -- notebook 14: numbers --------------------------------------------------------------------------------
+    WrongAnswer("EXPERTS_UNION", 48, "6 tokens x 8 experts counts an expert once per token that picks it; the step "
+                "reads each expert once: E (1 - (1 - k/E)^n)"),
+    WrongAnswer("EXPERTS_UNION", expected_union(5, 8, 64), "a verify step feeds gamma + 1 tokens (the last committed "
+                "token and the 5 drafts), not gamma"),
+    WrongAnswer("VERIFY_GB", (2.5e9 + 48 * 8 * 20e6) * 2 / 1e9, "that is a decode step (8 experts per layer); the 5 "
+                "tokens route to the union of their experts"),
+    WrongAnswer("VERIFY_GB", (2.5e9 + 48 * 40 * 20e6) * 2 / 1e9, "5 tokens x 8 experts counts shared experts twice: "
+                "the union is E (1 - (1 - k/E)^n) = 31.2 per layer"),
+    WrongAnswer("VERIFY_GB", (2.5e9 + 48 * 64 * 20e6) * 2 / 1e9, "5 tokens do not touch all 64 experts of a layer: "
+                "about 31"),
+    WrongAnswer("KV_SHARE", 32768 * 131072 / (32768 * 131072 + 8.03e9 * 2), "each of the 16 rows reads its own "
+                "cache; only the weights are shared"),
+    WrongAnswer("KV_SHARE", 16 * 32768 * 131072 / (8.03e9 * 2), "that is the cache over the weights; the share is "
+                "the cache over both"),
+    WrongAnswer("TP_DRAFT_MS", 0.3 / 8, "tensor parallelism splits the compute, not the all-reduces: 48 of them "
+                "per token at 20 us"),
+    WrongAnswer("TP_DRAFT_MS", 0.3 / 8 + 24 * 0.020, "a transformer layer all-reduces twice under tensor "
+                "parallelism (after attention and after the MLP)"),
+    WrongAnswer("LAYERSKIP_SPEEDUP", (1 - 0.6 ** 5) / 0.4, "that is the tokens per round, E(0.6, 4); divide by the "
+                "round's cost in target steps (2)"),
+    WrongAnswer("LAYERSKIP_SPEEDUP", (1 - 0.6 ** 5) / 0.4 / 1.75, "verification also runs the first 8 layers on "
+                "the last draft, so it reads all 32 layers: 1 step, not 0.75"),
+    WrongAnswer("BLOCK_ACCEPTED", 0.75, "3/4 is token-wise verification's; block verification keeps the longest "
+                "prefix whose coin passes"),
+    WrongAnswer("BLOCK_ACCEPTED", 1.875, "the question asks for accepted drafts, not tokens per round (which add "
+                "the extra token)"),
+    # -- notebook 14: choices --------------------------------------------------------------------------------
+    WrongAnswer("ROLLOUT_TAIL", "a", "the verifier is exact in distribution for any K: K changes the speed, not "
+                "the law of the samples"),
+    WrongAnswer("ROLLOUT_TAIL", "b", "a small batch is where drafting is cheapest: decoding is memory bound"),
+    WrongAnswer("ROLLOUT_TAIL", "d", "determinism does not depend on K being small; exact verification keeps the "
+                "law at any K, and bitwise identity needs batch-invariant kernels"),
+    WrongAnswer("DISAGG_STATE", "a", "an EAGLE drafter reads the target's hidden states and keeps its own KV: "
+                "without them its first drafts are computed from nothing"),
+    WrongAnswer("DISAGG_STATE", "c", "drafts are made on the decode side every round; what it lacks is the "
+                "drafter's state"),
+    WrongAnswer("DISAGG_STATE", "d", "the target's logits are needed only at the last position; the drafter needs "
+                "hidden states and its own KV"),
+    WrongAnswer("RELAXED_QUALITY", "a", "a relaxed rule raises acceptance by accepting what exact verification "
+                "would reject: acceptance cannot measure what it lost"),
+    WrongAnswer("RELAXED_QUALITY", "b", "verification only stays exact with the rejection rule; accepting any "
+                "top-5 draft changes the output's distribution"),
+    WrongAnswer("RELAXED_QUALITY", "d", "speedup says how fast, not how different the outputs are"),
 )
 
 
