@@ -13,6 +13,7 @@ from specdec.checks import (
     engine as engine_checks,
     expect_close,
     expect_equal,
+    frontier as frontier_checks,
     greedy as greedy_checks,
     kernels as kernel_checks,
     ledger as ledger_checks,
@@ -24,6 +25,7 @@ from specdec.checks import (
     tree as tree_checks,
 )
 from specdec.drafters import dynamic_tree, eagle, medusa, memory
+from specdec.frontier import block, layerskip, long_context, moe
 from specdec.mistakes import catalogue, for_exercise
 from specdec.production import grammar, knobs, suffix
 from specdec.serving import adaptive, blocks, commit, prefix_cache, scheduler
@@ -105,6 +107,14 @@ RUN_CHECK = {
     "propose_from_tree": (suffix.propose_from_tree, production_checks.check_propose_from_tree),
     "k_schedule": (knobs.k_schedule, production_checks.check_k_schedule),
     "lookup_k": (knobs.lookup_k, production_checks.check_lookup_k),
+    "expected_experts_touched": (moe.expected_experts_touched, frontier_checks.check_expected_experts_touched),
+    "experts_touched": (moe.experts_touched, frontier_checks.check_experts_touched),
+    "moe_step_seconds": (moe.moe_step_seconds, frontier_checks.check_moe_step_seconds),
+    "step_seconds": (long_context.step_seconds, frontier_checks.check_step_seconds),
+    "crossover_batch": (long_context.crossover_batch, frontier_checks.check_crossover_batch),
+    "layer_skip_generate": (layerskip.layer_skip_generate, frontier_checks.check_layer_skip_generate),
+    "block_weights": (block.block_weights, frontier_checks.check_block_weights),
+    "block_verify": (block.block_verify, frontier_checks.check_block_verify),
 }
 MISTAKES = catalogue()
 

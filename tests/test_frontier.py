@@ -207,33 +207,3 @@ def test_a_mixture_of_one_expert_is_the_dense_mlp_and_routing_is_recorded_per_to
     assert layer.balance.item() == pytest.approx(4.0, rel=1e-4)
     with pytest.raises(ValueError, match="top_k"):
         LlamaConfig(n_experts=4, top_k=5)
-
-
-def _frontier_checks():
-    from specdec.checks import frontier as checks
-    from specdec.frontier import block, long_context, moe
-    from specdec.frontier.layerskip import layer_skip_generate
-
-    reference = {"expected_experts_touched": moe.expected_experts_touched, "experts_touched": moe.experts_touched,
-                 "moe_step_seconds": moe.moe_step_seconds, "step_seconds": long_context.step_seconds,
-                 "crossover_batch": long_context.crossover_batch, "block_weights": block.block_weights,
-                 "block_verify": block.block_verify, "layer_skip_generate": layer_skip_generate}
-    return {name: (getattr(checks, f"check_{name}"), fn) for name, fn in reference.items()}
-
-
-def test_notebook_14s_checks_pass_the_reference_and_reject_every_catalogued_mistake():
-    """Until notebook 14 ships, its checks and mistakes are tested here: the reference passes each check, each
-    mistake fails the check of its exercise, and every exercise has at least three mistakes."""
-    from specdec.checks.core import CheckFailure
-    from specdec.mistakes.frontier import MISTAKES
-
-    checks = _frontier_checks()
-    for name, (check, reference) in checks.items():
-        check(reference)
-    by_exercise: dict[str, int] = {}
-    for mistake in MISTAKES:
-        by_exercise[mistake.exercise] = by_exercise.get(mistake.exercise, 0) + 1
-        with pytest.raises(CheckFailure):
-            checks[mistake.exercise][0](mistake.fn)
-    assert set(by_exercise) == set(checks)
-    assert all(n >= 3 for n in by_exercise.values())

@@ -208,7 +208,9 @@ NOT_EXACT = {
     # notebook 10: sampling checks (seeded Monte Carlo), host syncs and recorded forwards
     "draft_propose", "accepted_counts", "correction_token", "bonus_token", "verify_logits",
     # notebook 13: a sampling check (seeded Monte Carlo) after the greedy cases
-    "constrained_round"}
+    "constrained_round",
+    # notebook 14: a sampling check (seeded Monte Carlo against the enumerated law)
+    "block_verify"}
 
 
 @pytest.mark.parametrize("slug, mistake", CASES, ids=CASE_IDS)

@@ -163,10 +163,10 @@ MISTAKES: list[Mistake] = [
     Mistake("experts_touched", "tokens_times_k",
             lambda routing: torch.full((routing.shape[0],), routing.shape[1] * routing.shape[2], dtype=torch.int64),
             "Counts every (token, expert) pair: an expert two tokens share is read once. Count distinct ids."),
-    Mistake("experts_touched", "distinct_per_token_summed",
-            lambda routing: torch.tensor([sum(len(torch.unique(t)) for t in layer) for layer in routing],
-                                         dtype=torch.int64),
-            "Sums each token's distinct experts: the union is over all the step's tokens of a layer."),
+    Mistake("experts_touched", "highest_id_plus_one",
+            lambda routing: routing.flatten(1).amax(dim=1).to(torch.int64) + 1,
+            "Takes the highest expert id + 1 as the count: that assumes the experts touched are 0..max. Count the "
+            "distinct ids."),
     # moe_step_seconds
     Mistake("moe_step_seconds", "reads_every_expert",
             lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(
