@@ -55,7 +55,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --no-compile $(PIP_ARGS) -e ".[hf,test]"
 	@# the bytecode pip would write on one core, on every core (measured: 126 s of setup -> 103 s on 2 cores)
-	-@$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1
+	@# (a file it cannot compile, such as torch's Python 3.12-only test helper, only stays uncompiled: no error)
+	@$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 	@touch $(STAMP)
 
 # Cohort grading's sandbox: Debian's bubblewrap (util-linux's setpriv and prlimit come with the system).

@@ -335,13 +335,14 @@ def compare_cases(
         if not close(got, expected, rel=rel):
             note = upstream_note(fn, requires)
             hint = "" if note else diagnose(mistakes, history, rel=rel)
-            if not hint and not note and fmt(got) == fmt(expected):  # they differ past the digits shown
+            if fmt(got) == fmt(expected):  # they differ past the digits shown: show them all
                 kind = type(got).__name__
                 kind = kind if type(got).__module__ == "builtins" else f"{type(got).__module__}.{kind}"
+                advice = "" if hint or note else (": compute in float64 (Python floats), not float32, and do not "
+                                                  "round")
                 raise CheckFailure(f"{label}: expected {expected!r}, got {got!r} ({kind}): they differ by "
                                    f"{abs(float(got) - float(expected)) / max(abs(float(expected)), 1e-300):.1e} "
-                                   f"relatively, more than the {rel:g} allowed: compute in float64 (Python floats), "
-                                   "not float32, and do not round.")
+                                   f"relatively, more than the {rel:g} allowed{advice}.{hint}{note}")
             raise CheckFailure(f"{label}: expected {fmt(expected)}, got {fmt(got)}.{hint}{note}")
         count += 1
     return count

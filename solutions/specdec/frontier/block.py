@@ -9,7 +9,7 @@ path only, so no extra forward) and keeps the longest prefix it may:
     h_i = sum_x max(w_i p_{i+1}(x) - q_{i+1}(x), 0) / (that sum + 1 - w_i)   for i < gamma,   h_gamma = w_gamma
 
 with p_i, q_i the target and draft distributions for position i (p_{gamma+1} the bonus position). Draw one uniform
-per position; tau = the largest i with u_i <= h_i (0 if none). Commit x_1..x_tau and then one token: from
+per position; tau = the largest i with u_i < h_i (0 if none). Commit x_1..x_tau and then one token: from
 p_{gamma+1} when tau = gamma, else from the residual max(w_tau p_{tau+1} - q_{tau+1}, 0), normalised.
 
 Exact in distribution (as token-wise is), never fewer tokens in expectation, and optimal among verifiers that
@@ -62,14 +62,14 @@ def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Block verification of one round; returns the committed tokens (tau + 1,), as verify_chain does.
 
-    p: (gamma + 1, V); q: (gamma, V); draft: (gamma,). One uniform per draft position from ``generator``
-    (all gamma of them, in order), then one token from the residual or the bonus distribution.
+    p: (gamma + 1, V); q: (gamma, V); draft: (gamma,). One uniform per draft position and then one token from the
+    residual or the bonus distribution, all drawn from ``generator`` (nothing from the global generator).
     """
     w, h = block_weights(p, q, draft)
     ### BEGIN SOLUTION
     gamma = draft.shape[0]
     u = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    kept = [i + 1 for i in range(gamma) if u[i] <= h[i]]
+    kept = [i + 1 for i in range(gamma) if u[i] < h[i]]  # strict: h_i = 0 never keeps, h_i = 1 always does
     tau = kept[-1] if kept else 0
     if tau == gamma:
         last = torch.multinomial(p[gamma].to(torch.float64), 1, generator=generator)
@@ -91,7 +91,7 @@ def _along(target: Dist, draft_model: Dist, prefix: tuple[int, ...], drafts: tup
 
 def block_outcomes(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> dict[tuple[int, ...], float]:
     """Every output block verification can commit for this drafted block, with its exact probability: tau = t
-    when u_t <= h_t and u_i > h_i for every later i, then the last token's law."""
+    when u_t < h_t and u_i >= h_i for every later i, then the last token's law."""
     w, h = block_weights(p, q, draft)
     gamma, drafts = draft.shape[0], tuple(int(x) for x in draft)
     out: dict[tuple[int, ...], float] = {}

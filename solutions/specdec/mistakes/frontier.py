@@ -25,11 +25,11 @@ def _step_reads(model, tokens, bytes_per_param, bandwidth, flops, touched=None, 
 
 
 def _kv_step(model, rows, tokens_per_row, context, bytes_per_param, bandwidth, flops, *, kv=True, per_token=False,
-             window=True):
+             window=True, attention=True, per_row=False):
     cached = context if model.window is None or not window else min(context, model.window)
     kv_read = rows * cached * model.kv_bytes * (tokens_per_row if per_token else 1) if kv else 0.0
     read = model.params * bytes_per_param + kv_read
-    compute = rows * tokens_per_row * (2 * model.params + model.attention_flops * cached)
+    compute = rows * (1 if per_row else tokens_per_row) * (2 * model.params + model.attention_flops * cached * attention)
     return max(read / bandwidth, compute / flops)
 
 
@@ -77,11 +77,11 @@ def _block_sampler(p, q, draft, generator=None, *, first_failure=False, last="re
     w, h = block.block_weights(p, q, draft)
     gamma = draft.shape[0]
     u = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    kept = [i + 1 for i in range(gamma) if u[i] <= h[i]]
+    kept = [i + 1 for i in range(gamma) if u[i] < h[i]]
     tau = kept[-1] if kept else 0
     if first_failure:  # token-wise order with block weights
         tau = 0
-        while tau < gamma and u[tau] <= h[tau]:
+        while tau < gamma and u[tau] < h[tau]:
             tau += 1
     if last == "p":
         law = p[tau].to(torch.float64)
@@ -178,6 +178,12 @@ MISTAKES: list[Mistake] = [
                 model, tokens, bpp, bw, fl, union=lambda m, n: min(n * m.top_k, m.experts)),
             "Reads top_k experts per token: tokens that share an expert read it once (use the expected union, or "
             "the measured one when touched is given)."),
+    Mistake("moe_step_seconds", "every_expert_once_tokens_reach_experts",
+            lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(
+                model, tokens, bpp, bw, fl, touched,
+                union=None if tokens < model.experts else (lambda m, n: m.experts)),
+            "Reads every expert once the step has as many tokens as experts: E (1 - (1 - k/E)^n) comes close to E "
+            "but stays below it, and the formula (or touched, when given) is the count at every n."),
     Mistake("moe_step_seconds", "ignores_measured_routing",
             lambda model, tokens, bpp, bw, fl, touched=None: _step_reads(model, tokens, bpp, bw, fl),
             "Ignores touched: when the routing was measured, its union replaces the independent formula."),
@@ -198,6 +204,12 @@ MISTAKES: list[Mistake] = [
             "which a kernel reads once. That is why verification stays cheap at long context."),
     Mistake("step_seconds", "window_ignored", lambda *a: _kv_step(*a, window=False),
             "Reads the whole context for a model whose cache keeps only its last window positions."),
+    Mistake("step_seconds", "no_attention_flops", lambda *a: _kv_step(*a, attention=False),
+            "Counts only the weights' FLOPs: each new token also attends over the cached positions, attention_flops "
+            "per position, which is what turns a long-context step compute bound at a large batch."),
+    Mistake("step_seconds", "flops_per_row", lambda *a: _kv_step(*a, per_row=True),
+            "Counts one token's FLOPs per row: a row reads its cache once, but each of its tokens_per_row tokens "
+            "does its own matmuls and attention."),
     # crossover_batch
     Mistake("crossover_batch", "last_paying_batch", _last_paying,
             "Returns the last batch at which speculation still pays; the question is the first at which it no "
@@ -211,9 +223,10 @@ MISTAKES: list[Mistake] = [
     # layer_skip_generate
     Mistake("layer_skip_generate", "recomputes_early_layers",
             lambda *a: _layer_skip(*a, recompute=True),
-            "Verification runs every layer from the embeddings: the early layers already ran on every drafted "
-            "position while drafting (their K and V are in the cache, their hidden states in hand). Feed the early "
-            "layers only the last draft, then the late layers over all gamma + 1 positions."),
+            "An early layer processed more positions than it should: the early layers run once per position, while "
+            "drafting (one new token per forward, on top of the cache) and, for the last draft only, in "
+            "verification; the late layers then take all gamma + 1 hidden states from there. Recomputing the "
+            "early layers in verification, or re-feeding the sequence while drafting, runs them twice."),
     Mistake("layer_skip_generate", "no_token_after_the_drafts", lambda *a: _layer_skip(*a, no_bonus=True),
             "Verification stops at the drafted positions: feed the last draft through the early layers too and run "
             "the late layers over gamma + 1 positions, so that a round whose drafts are all accepted still adds the "
@@ -243,7 +256,7 @@ MISTAKES: list[Mistake] = [
             "block verification, and it accepts fewer tokens."),
     Mistake("block_verify", "stops_at_first_failure", lambda *a: _block_sampler(*a, first_failure=True),
             "Stops at the first position whose coin fails: block verification keeps the largest i with "
-            "u_i <= h_i, whatever failed before it (the point of deciding jointly)."),
+            "u_i < h_i, whatever failed before it (the point of deciding jointly)."),
     Mistake("block_verify", "last_token_from_p", lambda *a: _block_sampler(*a, last="p"),
             "Draws the last token from the target's p after a short block: it must come from the residual "
             "max(w_tau p - q, 0), or the output is no longer the target's distribution."),
