@@ -96,8 +96,9 @@ def layerskip_speedup(rng: random.Random) -> Number:
     return Number(
         f"Self-speculation drafts with the first {exit_layer} of a target's {layers} layers (and its LM head). "
         "Decoding is memory bound, so a forward costs in proportion to the layers it runs, whatever its tokens. "
-        f"Drafting runs the first {exit_layer} layers once per draft (gamma forwards); verification runs the first {exit_layer} layers on one position and the other {layers - exit_layer} on gamma "
-        f"+ 1. With gamma = {gamma} and alpha = {alpha} (i.i.d.), what is the speedup over target-only decoding "
+        f"Drafting runs the first {exit_layer} layers once per draft (gamma forwards); verification runs the first "
+        f"{exit_layer} layers on one position and the other {layers - exit_layer} on gamma + 1. With gamma = {gamma} "
+        f"and alpha = {alpha} (i.i.d.), what is the speedup over target-only decoding "
         "(ignore the LM head)?",
         tau / cost,
         f"A round: {gamma} drafts at {exit_layer}/{layers} of a step each = {gamma * exit_layer / layers:.4g} steps, then "
