@@ -78,6 +78,9 @@ def test_what_cannot_cross_is_handed_over_and_answered_by_its_owner():
     assert torch.equal(sent["model"].logits(tokens), counting.model.logits(tokens))
     assert counting.calls == 1, "the call is counted by the grader's object, outside the sandbox"
     assert sent["model"].vocab_size == 7 and sent["fn"](4) == 5 and asked[0] == ("method", "logits")
+    assert sent["fn"] and sent["module"], "a handed-over function or module is true, as the grader's object is"
+    handed["empty"] = []
+    assert not channel.Callback("empty", "list", frozenset(), ask), "an empty list handed over is false, as it is here"
     with pytest.raises(AttributeError):
         sent["model"].calls = 0
     with pytest.raises(AttributeError):

@@ -396,7 +396,7 @@ _NONE = object()
 
 
 class Callback:
-    """In the kernel: an object the grader handed over by handle. Calls, items, lengths and attributes go to the grader
+    """In the kernel: an object the grader handed over by handle. Calls, items, lengths, truth and attributes go to the grader
     through ``ask(key, op, name, args, kwargs)``; a public method listed in the handle is called in one exchange."""
 
     def __init__(self, key: str, name: str, methods: frozenset[str], ask: Callable[..., Any]):
@@ -423,6 +423,9 @@ class Callback:
 
     def __len__(self) -> int:
         return self._ask(self._key, "len", "", (), {})
+
+    def __bool__(self) -> bool:  # what the object itself says (without this, Python would ask for a length)
+        return self._ask(self._key, "bool", "", (), {})
 
     def __iter__(self) -> Any:
         return iter(self._ask(self._key, "iter", "", (), {}))

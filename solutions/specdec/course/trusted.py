@@ -128,7 +128,7 @@ class _NamedStub:
         self.__name__ = name
 
 
-CALLBACK_OPS = ("call", "method", "getattr", "getitem", "len", "iter")
+CALLBACK_OPS = ("call", "method", "getattr", "getitem", "len", "bool", "iter")
 
 
 def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
@@ -146,6 +146,8 @@ def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
         return target[args[0]]
     if op == "len":
         return len(target)
+    if op == "bool":
+        return bool(target)
     return list(target)
 
 
