@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import background_job, background_result, read, source_path, student_path
+from conftest import SLUGS, background_job, background_result, read, source_path, student_path
 from specdec.course import cohort, sandbox
 from specdec.paths import REPO_ROOT
 
@@ -257,3 +257,31 @@ def test_a_notebook_past_the_whole_notebook_limit_is_killed_with_its_kernel(slee
     assert code == 0
     assert "stopped after 10 s" in row["messages"] and float(row["score"]) == 0
     assert not kernels_left, "the killed notebook left its kernel running"
+
+
+@background_job("every_reference_graded")
+def _grade_every_reference(root):
+    """The instructor notebook of every assignment, submitted by one student, graded in the sandbox."""
+    submitted = root / "submitted"
+    for slug in SLUGS:
+        path = submitted / "reference" / slug / f"{slug}.ipynb"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(source_path(slug).read_bytes())
+    assert cohort.main([*UNSAFE, str(submitted), "--out", str(root / "out"), "--workers", "2", "--quiet"]) == 0
+    return list(csv.DictReader(open(root / "out" / "totals.csv")))
+
+
+@pytest.fixture
+def every_reference_graded():
+    return background_result("every_reference_graded")
+
+
+@pytest.mark.cohort
+def test_every_notebooks_reference_scores_full_marks_in_the_sandbox(every_reference_graded):
+    """Across the sandbox's boundary the grader hands the learner's functions its own inputs (data, or handles to
+    its models and callables): every notebook's reference must score full marks there, as in the plain round trip."""
+    rows = every_reference_graded
+    assert sorted(row["assignment"] for row in rows) == SLUGS
+    short = [f"{row['assignment']}: {row['score']} of {row['max_score']} {row['messages']}" for row in rows
+             if float(row["score"]) != float(row["max_score"]) or row["flagged"] != "False"]
+    assert not short, "\n".join(short)
