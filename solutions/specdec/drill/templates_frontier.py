@@ -124,7 +124,7 @@ def block_accepted(rng: random.Random) -> Number:
         f"gamma = {gamma}. How many drafts does block verification accept per round, in expectation?",
         block,
         f"For each drafted block (drawn from q) compute w_i = min(w_(i-1) p(x_i) / q(x_i), 1) and h_i, and average the "
-        f"expected largest i with u_i <= h_i: {show(block)} by enumeration (specdec.frontier.block.round_outcomes), "
+        f"expected largest i with u_i < h_i: {show(block)} by enumeration (specdec.frontier.block.round_outcomes), "
         f"against {token:.4g} token-wise.",
         unit="drafts", rel=0.005)
 
