@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -207,3 +208,21 @@ def test_a_mixture_of_one_expert_is_the_dense_mlp_and_routing_is_recorded_per_to
     assert layer.balance.item() == pytest.approx(4.0, rel=1e-4)
     with pytest.raises(ValueError, match="top_k"):
         LlamaConfig(n_experts=4, top_k=5)
+
+
+def test_the_cpu_ledger_describes_the_course_target_and_its_fit_recovers_known_rates():
+    """decoder_of counts the target's parameters as the checkpoint holds them, and fitting step times that four known
+    rates produced gives those rates back (rates on the fit's grid, so exactly)."""
+    from specdec.frontier.long_context import CpuRates, cpu_step_seconds, decoder_of, fit_cpu_rates
+    from specdec.models.checkpoints import load_pair
+
+    target, _ = load_pair()
+    shape = decoder_of(target.config, "target")
+    assert shape.params == sum(p.numel() for p in target.parameters())
+    assert shape.kv_bytes == 2 * target.config.n_layers * target.config.n_kv_heads * 64 * 4  # fp32 K and V
+    known = CpuRates(2e-4 * 100 ** 0.5, 1e9 * 300 ** 0.5, 1e8 * 1000 ** 0.5, 1e9 * 1000 ** 0.5)
+    points = [(rows, tokens, context, cpu_step_seconds(known, shape, rows, tokens, context))
+              for rows in (1, 4, 16, 64) for tokens in (1, 5) for context in (16, 128, 480)]
+    rates, error = fit_cpu_rates(points, shape)
+    assert error < 1e-9
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(vars(rates).values(), vars(known).values()))

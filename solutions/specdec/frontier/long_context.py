@@ -11,9 +11,12 @@ a sparse cache of ``window`` positions) stays cheap while the target's grows.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 from specdec.frontier.moe import speculative_speedup
+from specdec.models.model import LlamaConfig
 from specdec.validate import check_positive_int, check_positive_real, check_probability
 
 
@@ -78,7 +81,7 @@ def crossover_batch(alpha: float, gamma: int, context: int, target: Decoder, dra
     ### END SOLUTION
 
 
-def decoder_of(config, name: str, bytes_per_value: float = 4.0) -> Decoder:
+def decoder_of(config: LlamaConfig, name: str, bytes_per_value: float = 4.0) -> Decoder:
     """The :class:`Decoder` of one of the course's Llamas (``LlamaConfig``): its parameter count, K and V bytes per
     cached position over all layers, and attention FLOPs per query token per cached position."""
     head_dim = config.d_model // config.n_heads
@@ -114,9 +117,6 @@ def cpu_step_seconds(rates: CpuRates, model: Decoder, rows: int, tokens_per_row:
 def fit_cpu_rates(measured: list[tuple[int, int, int, float]], model: Decoder) -> tuple[CpuRates, float]:
     """The :class:`CpuRates` that best explain ``measured`` step times (rows, tokens per row, context, seconds),
     by least squares on log times over a grid of rates; returns them and the root-mean-square relative error."""
-    import itertools
-    import math
-
     def grid(low: float, high: float, n: int) -> list[float]:
         return [low * (high / low) ** (i / (n - 1)) for i in range(n)]
 
