@@ -6,6 +6,7 @@ artifacts/ui/drill_wrong.png. The right answers come from the package: the same 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -61,7 +62,8 @@ def _answer(page, question: Question, right: bool) -> None:
     """Give the question's right answer, or a wrong one, and press Check."""
     if isinstance(question, ChoiceQuestion):
         letter = question.answer if right else next(x for x in LETTERS if x != question.answer)
-        page.locator(".specdec-drill-answer label").nth(LETTERS.index(letter)).click()
+        # by its text: the radio group may render an (empty) description label before its options
+        page.locator(".specdec-drill-answer label", has_text=re.compile(rf"^\s*\({letter}\) ")).click()
     else:
         value = question.answer if right else question.answer * 2 + 1
         page.locator(".specdec-drill-answer input").fill(f"{value:.6g}")
