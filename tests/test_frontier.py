@@ -13,6 +13,7 @@ from specdec.frontier.block import (
     block_outcomes,
     block_verify,
     block_weights,
+    constant_model,
     expected_accepted,
     random_models,
     round_outcomes,
@@ -21,15 +22,10 @@ from specdec.frontier.block import (
 )
 
 
-def constant(p):
-    t = torch.tensor(p, dtype=torch.float64)
-    return lambda prefix: t
-
-
 def test_block_verification_reproduces_the_papers_two_token_example():
     """Sun et al. (ICLR 2025), section 1: p = (1/3, 2/3) and q = (2/3, 1/3) at every position, gamma = 2: token-wise
     verification accepts 10/9 tokens per round in expectation, block verification 11/9."""
-    target, draft = constant([1 / 3, 2 / 3]), constant([2 / 3, 1 / 3])
+    target, draft = constant_model([1 / 3, 2 / 3]), constant_model([2 / 3, 1 / 3])
     assert expected_accepted(round_outcomes(target, draft, (), 2, "token")) == pytest.approx(10 / 9)
     assert expected_accepted(round_outcomes(target, draft, (), 2, "block")) == pytest.approx(11 / 9)
 

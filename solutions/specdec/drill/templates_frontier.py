@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import random
 
-import torch
-
 from specdec.drill.questions import Choice, Number, choice, number, show
-from specdec.frontier.block import expected_accepted, round_outcomes
+from specdec.frontier.block import constant_model, expected_accepted, round_outcomes
 from specdec.frontier.moe import expected_experts_touched
 from specdec.ledger import expected_tokens_per_round
 
@@ -112,13 +110,8 @@ def block_accepted(rng: random.Random) -> Number:
     a, b = rng.choice([(1, 4), (1, 3), (1, 5), (2, 5)]), rng.choice([(3, 4), (2, 3), (3, 5), (4, 5)])
     p, q = (a[0] / a[1], 1 - a[0] / a[1]), (b[0] / b[1], 1 - b[0] / b[1])
     gamma = rng.choice([2, 3])
-
-    def constant(probs: tuple[float, float]):
-        t = torch.tensor(probs, dtype=torch.float64)
-        return lambda prefix: t
-
-    block = expected_accepted(round_outcomes(constant(p), constant(q), (), gamma, "block"))
-    token = expected_accepted(round_outcomes(constant(p), constant(q), (), gamma, "token"))
+    block = expected_accepted(round_outcomes(constant_model(p), constant_model(q), (), gamma, "block"))
+    token = expected_accepted(round_outcomes(constant_model(p), constant_model(q), (), gamma, "token"))
     return Number(
         f"p = ({a[0]}/{a[1]}, {a[1] - a[0]}/{a[1]}) and q = ({b[0]}/{b[1]}, {b[1] - b[0]}/{b[1]}) at every position, "
         f"gamma = {gamma}. How many drafts does block verification accept per round, in expectation?",

@@ -19,7 +19,7 @@ see only the drafted path's p and q (the paper's theorems). Its two-token exampl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -160,6 +160,12 @@ def sequence_law(target: Dist, draft_model: Dist, length: int, gamma: int, verif
         for tail, m in rest.items():
             law[head + tail] = law.get(head + tail, 0.0) + mass * m
     return law
+
+
+def constant_model(probs: Sequence[float]) -> Dist:
+    """A model whose next-token distribution is ``probs`` after every prefix (float64), as in the paper's example."""
+    distribution = torch.tensor(probs, dtype=torch.float64)
+    return lambda prefix: distribution
 
 
 def random_models(vocab: int, seed: int, concentration: float = 0.5) -> tuple[Dist, Dist]:
