@@ -14,7 +14,7 @@ NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
 
-.PHONY: help setup lab test test-cohort nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
@@ -26,6 +26,7 @@ help:
 	@echo "make mock-interview  a timed mock interview: numbers, choices and written answers, then a report of what to revise (SEED=, COUNT=)"
 	@echo "make test     set up on first use, then run the test suite (under 10 minutes on 2 cores; not the cohort suite)"
 	@echo "make test-cohort  grade whole cohorts of hostile submissions in the sandbox: the attack suite, shards (minutes)"
+	@echo "make check-pins  resolve pyproject.toml from the registry for Linux (x86_64, aarch64) and macOS (PYPROJECT=path for another)"
 	@echo "make nbval    run instructor notebooks top to bottom in-process (NB=05 for one; authors)"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
 	@echo "make test-cluster  grade a small cohort on a private one-node Slurm (Debian's slurm-wlm and munge, installed if absent; root)"
@@ -84,6 +85,15 @@ test-cohort: $(STAMP) $(SANDBOX_STAMP)
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" --nbval-lax $(if $(NB),$(wildcard grader/source/$(NB)*/*.ipynb),grader/source)
+
+# The pins against the registry (needs it): pyproject.toml resolved by uv for Linux x86_64 and aarch64 and macOS.
+PINS_STAMP := $(VENV)/.installed-pins
+$(PINS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[hf,test,pins]"
+	@touch $(PINS_STAMP)
+
+check-pins: $(PINS_STAMP)
+	$(BIN)/python tests/pins.py $(if $(PYPROJECT),--pyproject $(PYPROJECT),)
 
 UI_STAMP := $(VENV)/.installed-ui
 $(UI_STAMP): $(STAMP)
@@ -164,12 +174,12 @@ bench-cohort: $(STAMP)
 	$(BIN)/python -m specdec.bench.cohort --copies 100 --workers 2
 
 bench-kernels: $(STAMP)
-	$(BIN)/python -m specdec.bench.kernels
+	$(BIN)/python -m specdec.bench.kernels $(if $(PEAK),--peak-tbps $(PEAK),)
 
 # The kernels compiled for sm_80 and sm_90, then (on a CUDA GPU) run against their references, timed, and the engines
 # checked on the GPU: one JSON report.
 gpu-check: $(STAMP)
-	$(BIN)/python -m specdec.bench.gpu_check --out artifacts/gpu-check.json
+	$(BIN)/python -m specdec.bench.gpu_check --out artifacts/gpu-check.json $(if $(PEAK),--peak-tbps $(PEAK),)
 
 bench-cells: $(STAMP)
 	$(BIN)/python -m specdec.bench.cells $(NB)

@@ -38,6 +38,10 @@ def test_every_reference_kernel_compiles_to_a_cubin_for_a100_and_h100(answers):
     assert all(name in text for name in compiled.KERNELS) and "sm_80" in text and "sm_90" in text
 
 
+def test_the_report_compiles_each_kernel_as_its_launcher_launches_it():
+    assert compiled.LAUNCH_OPTIONS["tree_attention_kernel"] == {"num_warps": kernels.TREE_ATTENTION_NUM_WARPS}
+
+
 def test_the_registers_reported_are_the_ones_the_driver_reads(answers):
     """ptxas's own log and the cubin's EIATTR_REGCOUNT (what cuFuncGetAttribute returns on a GPU) agree."""
     for name, answer in answers.items():
@@ -111,12 +115,14 @@ def test_the_traffic_model_is_what_the_interpreter_loads(name):
 
 def test_gpu_check_without_a_gpu_runs_the_compile_report_and_says_what_needs_one(answers, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu_check, "nvidia_gpu", lambda: None)  # no GPU at all (tests/test_gpu_check.py: one torch can't use)
     monkeypatch.setattr(compiled, "run_compiler", lambda *args, **kwargs: answers)  # compiled once per module
     out = tmp_path / "gpu-check.json"
     assert gpu_check.main(["--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["stages"]["compile"]["status"] == "passed" and len(report["stages"]["compile"]["rows"]) == 8
-    assert {n: s["status"] for n, s in report["stages"].items() if n != "compile"} == dict.fromkeys(
+    assert report["stages"]["prerequisites"]["status"] == "passed"
+    assert {n: s["status"] for n, s in report["stages"].items() if n not in ("prerequisites", "compile")} == dict.fromkeys(
         ("kernels", "bandwidth", "engine", "serving"), "skipped")
     assert "need a CUDA GPU" in capsys.readouterr().out
 

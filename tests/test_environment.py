@@ -37,11 +37,36 @@ def test_environment_yml_installs_the_project_and_nothing_else():
     assert pip == [{"pip": [f'-e ".[{DEFAULT_EXTRAS}]"']}]
 
 
-# Every extra but "ui" (Playwright, for the maintainers' browser test, which make test-ui adds).
-DEFAULT_EXTRAS = ",".join(sorted(set(PYPROJECT["project"]["optional-dependencies"]) - {"ui"}))
+# Every extra but "ui" (Playwright, for the maintainers' browser test, which make test-ui adds) and "pins" (uv, which
+# make check-pins adds).
+DEFAULT_EXTRAS = ",".join(sorted(set(PYPROJECT["project"]["optional-dependencies"]) - {"ui", "pins"}))
 
 
 def test_makefile_installs_the_same_extras():
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert f'-e ".[{DEFAULT_EXTRAS}]"' in makefile
     assert f'-e ".[{DEFAULT_EXTRAS},ui]"' in makefile  # make test-ui: the same, plus Playwright
+
+
+#: torch's own requirement on triton, as its wheels on the registry declare it (read with `make check-pins` and
+#: `pip install --dry-run --no-deps --report` for manylinux_2_28_x86_64, 2026-12-07). Bumping torch means reading it
+#: again: this record then no longer names the pinned version, and the test below says so.
+TORCH_REQUIRES_TRITON = {"2.13.0": 'triton==3.7.1; platform_system == "Linux" and python_version < "3.15"'}
+LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.11"}
+MACOS = {"platform_system": "Darwin", "sys_platform": "darwin", "platform_machine": "arm64", "python_version": "3.11"}
+
+
+def test_triton_is_pinned_to_what_the_pinned_torch_requires_and_only_where_it_has_wheels():
+    from packaging.requirements import Requirement
+
+    reqs = _requirements()
+    torch_version = Requirement(reqs["torch"]).specifier
+    pinned = next(iter(torch_version)).version
+    assert pinned in TORCH_REQUIRES_TRITON, (
+        f"torch {pinned}: record its triton requirement in TORCH_REQUIRES_TRITON (make check-pins shows it)")
+    theirs, ours = Requirement(TORCH_REQUIRES_TRITON[pinned]), Requirement(reqs["triton"])
+    triton_version = next(iter(ours.specifier)).version
+    assert theirs.specifier.contains(triton_version), f"torch {pinned} requires {theirs}, the project pins {ours}"
+    assert ours.marker is not None and not ours.marker.evaluate(MACOS), (
+        f"triton publishes no macOS wheel: {ours} needs a Linux-only marker")
+    assert theirs.marker.evaluate(LINUX) and ours.marker.evaluate(LINUX)

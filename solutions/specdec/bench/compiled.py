@@ -43,6 +43,9 @@ SIGNATURES = {
                                "BLOCK_D": "constexpr"}, {"BLOCK_K": 64, "BLOCK_D": 128}),
 }
 
+#: Launch options the course's launchers pass (``specdec.kernels.TREE_ATTENTION_NUM_WARPS``), compiled the same way.
+LAUNCH_OPTIONS = {"tree_attention_kernel": {"num_warps": 8}}
+
 #: The shape of one launch per kernel: notebook 08's ledger (B = 64 sequences, Llama 3's V = 128,256, gamma = 4,
 #: sampling rows) and, for tree attention, one layer of a 7B target (32 heads of 128) over 2,048 tokens of context
 #: with the default 12-node tree.
@@ -93,7 +96,7 @@ import contextlib, io, json, linecache, os, re, sys, tempfile
 os.environ["TRITON_INTERPRET"] = "0"
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()  # never a cached cubin: ptxas must run and report
 os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud (no warning)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default, said aloud (no warning)
 request = json.load(sys.stdin)
 try:
     import triton, triton.language as tl
@@ -199,7 +202,7 @@ def run_compiler(kernels: dict[str, Callable], stage: str = "cubin", capabilitie
             continue
         signature, constants = SIGNATURES[name]
         requests.append({"name": kernel.fn.__name__, "exercise": name, "source": source, "signature": signature,
-                         "constants": constants, "options": options})
+                         "constants": constants, "options": {**LAUNCH_OPTIONS.get(name, {}), **(options or {})}})
     if not requests:
         return answers
     env = {**os.environ, "TRITON_INTERPRET": "0"}

@@ -81,11 +81,11 @@ def loads_counted(watched: dict[str, torch.Tensor], on_cpu: bool = True) -> Iter
     ranges = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for name, t in watched.items()}
     original = InterpreterBuilder.create_masked_load
 
-    def counting(self, ptrs, mask, other, cache_policy, is_volatile):
+    def counting(self, ptrs, mask, *rest, **options):  # the cache and eviction arguments differ between releases
         addresses = np.asarray(ptrs.data)[np.asarray(mask.data, dtype=bool)]
         for name, (start, end) in ranges.items():
             counts[name] += int(((addresses >= start) & (addresses < end)).sum())
-        return original(self, ptrs, mask, other, cache_policy, is_volatile)
+        return original(self, ptrs, mask, *rest, **options)
 
     InterpreterBuilder.create_masked_load = counting
     try:
