@@ -1,8 +1,8 @@
 """One list of dependencies: pyproject.toml. environment.yml and the Makefile only install it."""
 
 import re
-
 import tomllib
+
 import yaml
 
 from specdec.paths import REPO_ROOT

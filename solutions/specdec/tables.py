@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -41,13 +42,20 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class GPU:
-    """Peak memory bandwidth (bytes/s) and dense BF16 tensor throughput (FLOP/s)."""
+    """Peak memory bandwidth (bytes/s) and dense BF16 tensor throughput (FLOP/s). ``device_names``: what
+    ``torch.cuda.get_device_name()`` says on this exact model (an H100 PCIe is not an H100 SXM)."""
 
     name: str
     bandwidth: float
     bf16_flops: float
     memory_gb: float
     source: str = ""
+    device_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.device_names, str) or not all(isinstance(n, str) for n in self.device_names):
+            raise ValueError(f"GPU {self.name!r}: device_names must be a list of names, got {self.device_names!r}")
+        object.__setattr__(self, "device_names", tuple(self.device_names))
 
     @property
     def ridge_point(self) -> float:
@@ -88,3 +96,18 @@ def load_gpus(path: Path | None = None) -> dict[str, GPU]:
     """GPU specs from ``data/gpus.json``, by name."""
     path = path or DATA_DIR / "gpus.json"
     return {row["name"]: _build(GPU, row, path) for row in _read_table(path, "gpus")}
+
+
+def _device_tokens(name: str) -> tuple[str, ...]:
+    """A device name's words, lower case, without "NVIDIA": "NVIDIA A100-SXM4-80GB" is ("a100", "sxm4", "80gb")."""
+    return tuple(word for word in re.split(r"[^a-z0-9.]+", name.lower()) if word and word != "nvidia")
+
+
+def gpu_for_device(device_name: str, gpus: dict[str, GPU] | None = None) -> GPU | None:
+    """The entry whose ``device_names`` include ``device_name`` word for word (case, punctuation and "NVIDIA"
+    aside); None when none does: a near miss (H100 PCIe, L40S, a MIG slice) is another device."""
+    words = _device_tokens(device_name)
+    for gpu in (gpus or load_gpus()).values():
+        if any(_device_tokens(name) == words for name in gpu.device_names):
+            return gpu
+    return None
