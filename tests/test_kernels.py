@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from specdec import kernels
 from specdec.chain import outcome_distribution
 from specdec.checks.stats import compare_frequencies
 from specdec.kernels import (
@@ -196,3 +197,20 @@ def test_the_interpreter_patches_its_language_once_per_launch():
     w = torch.rand(3, 37, generator=torch.Generator().manual_seed(0))
     e = kernels.exponential_noise(3, 37, generator=torch.Generator().manual_seed(1))
     assert torch.equal(kernels.race(w, e, block_v=8), (w / e).argmax(-1))
+
+
+def test_exponential_noise_from_a_cpu_generator_lands_on_the_device_asked_for(monkeypatch):
+    """Notebook 08 draws noise with a seeded CPU generator for kernels on the GPU. CUDA refuses to fill a tensor from
+    a generator on another device; 'meta' stands in for CUDA here, with torch.rand held to that rule."""
+    rand = torch.rand
+
+    def rand_as_on_cuda(*size, generator=None, device=None, **kwargs):
+        if generator is not None and torch.device(device or "cpu") != generator.device:
+            raise RuntimeError(f"Expected a '{torch.device(device).type}' device type for generator")
+        return rand(*size, generator=generator, device=device, **kwargs)
+
+    monkeypatch.setattr(torch, "rand", rand_as_on_cuda)
+    noise = kernels.exponential_noise(3, 5, generator=torch.Generator().manual_seed(0), device="meta")
+    assert noise.device.type == "meta" and noise.shape == (3, 5)
+    assert torch.equal(kernels.exponential_noise(3, 5, generator=torch.Generator().manual_seed(0)),
+                       kernels.exponential_noise(3, 5, generator=torch.Generator().manual_seed(0), device="cpu"))

@@ -22,6 +22,10 @@ import sys
 
 import torch
 
+from specdec.triton_support import TRITON_NEEDED, triton_installed
+
+if not triton_installed():
+    raise ImportError(TRITON_NEEDED)
 if not torch.cuda.is_available():  # must happen before Triton is imported
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         raise ImportError("Triton was imported before specdec.kernels on a machine without a GPU, so its interpreter "
@@ -98,8 +102,9 @@ def exponential_noise(*shape: int, generator: torch.Generator | None = None,
     (-log(1 - u) is exactly 0 when u = 0, and w / 0 is infinite: that token would win whatever its
     weight. -log(u) alone is infinite at u = 0, and w / inf = 0 ties with the zero-weight tokens.
     A float32 uniform is exactly 0 about once in 2**24 draws: once per 128 rows of a 128k vocabulary.)"""
-    u = torch.rand(*shape, generator=generator, device=device)
-    return -u.clamp_min(torch.finfo(u.dtype).tiny).log()
+    # drawn where the generator lives (a CPU generator cannot fill a CUDA tensor), then moved
+    u = torch.rand(*shape, generator=generator, device=generator.device if generator is not None else device)
+    return -u.clamp_min(torch.finfo(u.dtype).tiny).log().to(device)
 
 
 def _check_float32(**tensors: torch.Tensor) -> None:

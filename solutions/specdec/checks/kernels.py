@@ -66,7 +66,13 @@ def expect_one_pass(kernel: Callable, name: str, label: str, run: Callable[[Call
                     inputs: dict[str, torch.Tensor], programs_per_element: int = 1) -> None:
     """The statement asks for one pass: each program loads each element of each input at most once, so an element is
     loaded at most ``programs_per_element`` times (1 when a row belongs to one program; N for tree attention, whose
-    N node programs of a head all read its keys)."""
+    N node programs of a head all read its keys). Only Triton's interpreter can count loads, so a compiled kernel
+    gets no verdict here rather than a pass (grading hides CUDA: it judges in the interpreter on every machine)."""
+    if device().type != "cpu":
+        raise CheckFailure(f"{label}: loads can only be counted in Triton's interpreter, and here the kernels run "
+                           f"compiled on {device()}, so the one-pass rule cannot be judged. Grading (make grade, "
+                           "cohort grading) hides CUDA and judges it in the interpreter; to judge it here, restart "
+                           "the kernel with CUDA_VISIBLE_DEVICES set to an empty string.")
     watched = {key: guarded(t, 0.0) for key, t in inputs.items()}
     with loads_counted(watched) as counts:
         launch(kernel, name, label, lambda k: run(k, watched))

@@ -51,8 +51,11 @@ def source_notebook(slug: str) -> Path:
 
 def nbgrader_env(threads: int | None = None) -> dict[str, str]:
     """The environment for nbgrader: this Python's bin/ first on PATH (it calls alembic); with ``threads``, the
-    kernels' torch thread count (for graders running side by side)."""
+    kernels' torch thread count (for graders running side by side). CUDA is hidden: grading judges on the CPU on
+    every machine (Triton's interpreter, where notebook 08's loads are counted; the cohort sandbox has no GPU device
+    either), so a GPU neither changes a verdict nor lets the trusted side hand the sandbox CUDA tensors."""
     env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ""
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     if threads is not None:
@@ -61,11 +64,12 @@ def nbgrader_env(threads: int | None = None) -> dict[str, str]:
 
 
 def run_nbgrader(course_root: Path, *args: str, timeout: float | None = None,
-                 threads: int | None = None) -> subprocess.CompletedProcess:
-    """Run ``nbgrader ARGS`` with ``course_root`` as the course; raise with its log on failure."""
+                 threads: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``nbgrader ARGS`` with ``course_root`` as the course (``env``: variables to set for it and its kernels);
+    raise with its log on failure."""
     cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course_root}"]
-    proc = subprocess.run(cmd, cwd=course_root, env=nbgrader_env(threads), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(cmd, cwd=course_root, env={**nbgrader_env(threads), **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
     if proc.returncode != 0:
         raise NbgraderError(f"`nbgrader {' '.join(args)}` failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -103,10 +107,11 @@ CELL_TIMEOUT_S = 120
 
 
 def autograde(course_root: Path, slug: str, student: str = "*", timeout: float | None = None,
-              cell_timeout_s: float = CELL_TIMEOUT_S, threads: int | None = None) -> None:
+              cell_timeout_s: float = CELL_TIMEOUT_S, threads: int | None = None,
+              env: dict[str, str] | None = None) -> None:
     """``nbgrader autograde`` of one student, or of all ("*"); hidden tests restored from the source."""
     run_nbgrader(course_root, "autograde", slug, f"--student={student}", "--force",
-                 f"--Execute.timeout={int(cell_timeout_s)}", timeout=timeout, threads=threads)
+                 f"--Execute.timeout={int(cell_timeout_s)}", timeout=timeout, threads=threads, env=env)
 
 
 def timeout_message(cell_timeout_s: float) -> str:

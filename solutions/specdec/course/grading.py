@@ -45,6 +45,7 @@ from specdec.course.progress import HOOK_CONFIG, PROGRESS_ENV, CellWatch
 from specdec.course.reference_calls import reference_calls
 from specdec.course.written import format_model_answers, written_answers
 from specdec.paths import NOTEBOOKS_DIR, REPO_ROOT
+from specdec.triton_support import NEEDS_TRITON, TRITON_NEEDED, triton_installed
 
 STUDENT = "learner"
 REPORT_DIR = REPO_ROOT / ".grades"
@@ -124,6 +125,8 @@ def grade(targets: list[tuple[str, Path]], report_dir: Path = REPORT_DIR,
 
 def _grade_one(root: Path, slug: str, path: Path, feedback_dir: Path, cell_timeout_s: float, progress_file: Path,
                model_answers: bool) -> list[CellGrade] | str:
+    if slug in NEEDS_TRITON and not triton_installed():
+        return TRITON_NEEDED
     try:
         nb = read_submission(path)
         generate(root, slug)
