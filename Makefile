@@ -13,11 +13,17 @@ BROWSER ?= yes
 NB ?=
 PYTEST_ARGS ?=
 PIP_ARGS ?=
+# TORCH=cpu: PyTorch's CPU-only build from PyTorch's own index (about 0.2 GB) instead of PyPI's default Linux build,
+# which brings CUDA's libraries (about 3 GB of downloads); given on the first setup (or after make distclean).
+TORCH ?=
+TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
 .PHONY: help setup lab test test-cohort check-pins nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
-	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use)"
+	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use);"
+	@echo "              TORCH=cpu takes PyTorch's CPU-only build (Linux without an NVIDIA GPU: 0.2 GB instead of 3 GB)"
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine);"
 	@echo "              then your written answers beside their model answers (MODEL_ANSWERS=no hides them)"
@@ -53,7 +59,9 @@ help:
 
 # The environment: created once, reinstalled only when pyproject.toml changes.
 $(STAMP): pyproject.toml
+	@case "$(TORCH)" in ""|cpu) ;; *) echo "TORCH=$(TORCH): use TORCH=cpu (the CPU-only build) or leave it unset"; exit 2;; esac
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(if $(filter cpu,$(TORCH)),$(BIN)/python -m pip install --quiet --no-compile $(PIP_ARGS) --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)",)
 	$(BIN)/python -m pip install --quiet --no-compile $(PIP_ARGS) -e ".[hf,test]"
 	@# the bytecode pip would write on one core, on every core (measured: 126 s of setup -> 103 s on 2 cores)
 	@# (a file it cannot compile, such as torch's Python 3.12-only test helper, only stays uncompiled: no error)

@@ -1,6 +1,8 @@
 """One list of dependencies: pyproject.toml. environment.yml and the Makefile only install it."""
 
+import json
 import re
+import subprocess
 import tomllib
 
 import yaml
@@ -70,3 +72,34 @@ def test_triton_is_pinned_to_what_the_pinned_torch_requires_and_only_where_it_ha
     assert ours.marker is not None and not ours.marker.evaluate(MACOS), (
         f"triton publishes no macOS wheel: {ours} needs a Linux-only marker")
     assert theirs.marker.evaluate(LINUX) and ours.marker.evaluate(LINUX)
+
+
+DEVCONTAINER = REPO_ROOT / ".devcontainer"
+
+
+def test_the_container_installs_the_cpu_build_with_triton_and_opens_the_lab():
+    dockerfile = (DEVCONTAINER / "Dockerfile").read_text()
+    python = re.search(r"^FROM python:(\d+)\.(\d+)", dockerfile, re.M)
+    minimum = PYPROJECT["project"]["requires-python"].split(">=")[1].split()[0]
+    assert python and tuple(map(int, python.groups())) >= tuple(map(int, minimum.split(".")))
+    assert "make .venv/.installed TORCH=cpu" in dockerfile
+    assert 'CMD ["make", "lab", "HOST=0.0.0.0", "BROWSER=no"]' in dockerfile
+    ignored = (DEVCONTAINER / "Dockerfile.dockerignore").read_text().split()
+    assert ".venv/" in ignored  # the host's environment never lands in the image
+    config = json.loads((DEVCONTAINER / "devcontainer.json").read_text())
+    assert config["build"] == {"dockerfile": "Dockerfile", "context": ".."}
+    assert "TORCH=cpu" in config["postCreateCommand"]
+
+
+def test_torch_cpu_installs_the_pinned_torch_from_pytorchs_cpu_index_first(tmp_path):
+    pin = next(r for r in PYPROJECT["project"]["dependencies"] if r.startswith("torch=="))
+    dry = subprocess.run(["make", "-n", "setup", "TORCH=cpu", f"VENV={tmp_path / 'venv'}"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    installs = [line for line in dry if "pip install" in line]
+    assert f'--index-url https://download.pytorch.org/whl/cpu "{pin}"' in installs[0] and '-e ".[' in installs[1]
+    default = subprocess.run(["make", "-n", "setup", f"VENV={tmp_path / 'venv'}"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    assert "download.pytorch.org" not in default
+    wrong = subprocess.run(["make", "setup", "TORCH=cuda", f"VENV={tmp_path / 'venv'}"], cwd=REPO_ROOT,
+                           capture_output=True, text=True)
+    assert wrong.returncode != 0 and "use TORCH=cpu" in wrong.stdout and not (tmp_path / "venv").exists()
