@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from conftest import NO_TRITON, WITHOUT_TRITON_BUT_FOR_08, student_path
+from specdec.models.devices import TRITON_NEEDED
 from specdec.paths import REPO_ROOT
-from specdec.triton_support import TRITON_NEEDED
 
 #: The modules that need triton: notebook 08's kernels, their checks and their catalogue of mistakes.
 NEED_TRITON = {"specdec.kernels", "specdec.checks.kernels", "specdec.mistakes.kernels"}
@@ -67,3 +67,22 @@ def test_make_grade_of_08_says_what_it_needs_and_grades_nothing(tmp_path):
     assert "08_gpu_kernels: not graded" in done.stdout and "(not graded: 08_gpu_kernels)" in done.stdout
     table_row = next(line for line in done.stdout.splitlines() if line.startswith("08_gpu_kernels  -"))
     assert "Notebook 08's kernels need Triton, which publishes wheels for Linux only" in table_row
+
+
+def test_the_other_notebooks_checks_find_their_mistakes_without_triton(tmp_path):
+    """A check that fails looks its answer up in the catalogue of mistakes, whose notebook 08 part imports the
+    kernels: without triton the rest of the catalogue still loads, and a wrong answer still gets its hint."""
+    code = """
+from specdec.checks import ledger
+from specdec.checks.core import CheckFailure
+from specdec.mistakes import catalogue, for_exercise
+from specdec.mistakes.ledger import MISTAKES
+assert catalogue() and not any(m.exercise.endswith("_kernel") for m in catalogue())
+wrong = MISTAKES[0]
+try:
+    getattr(ledger, "check_" + wrong.exercise)(wrong.fn)
+except CheckFailure as failure:
+    print("caught:", wrong.hint in str(failure))
+"""
+    done = _python(code, tmp_path)
+    assert done.stdout.strip() == "caught: True", done.stderr[-2000:]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.greedy import PAD, greedy_verify
+from specdec.models.devices import on_device
 from specdec.models.toy import ToyLM
 from specdec.params import SamplingParams
 from specdec.rejection import residual_distribution
@@ -78,12 +79,15 @@ def verify_drafts(drafts: list[int], q: torch.Tensor, logits: torch.Tensor, para
                   generator: torch.Generator | None = None) -> list[int]:
     """One round's committed tokens at the request's settings: greedy_verify (notebook 02) at temperature 0,
     verify_chain otherwise. ``drafts``: the gamma proposals; ``q``: (gamma, V), what each was drawn from;
-    ``logits``: (gamma + 1, V), the target's at the last committed token and at each draft."""
+    ``logits``: (gamma + 1, V), the target's at the last committed token and at each draft. Runs where the logits
+    are (on a GPU: ``generator`` must be there too), the verifiers' own draws included."""
     if not drafts:  # nothing proposed (a proposer with no match): the round is one plain decoding step
         return [int(torch.multinomial(params.probs(logits[0]), 1, generator=generator))]
+    tokens = torch.tensor(drafts, dtype=torch.long, device=logits.device)
     if params.temperature == 0:
-        return greedy_verify(torch.tensor(drafts, dtype=torch.long), logits).tolist()
-    return verify_chain(params.probs(logits), q, torch.tensor(drafts, dtype=torch.long), generator).tolist()
+        return greedy_verify(tokens, logits).tolist()
+    with on_device(logits.device):  # verify_chain (notebook 04) draws its uniforms with no device named
+        return verify_chain(params.probs(logits), q.to(logits.device), tokens, generator).tolist()
 
 
 def expected_committed_length(accept_probs: Sequence[float]) -> float:

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from specdec.triton_support import TRITON_NEEDED, triton_installed
+from specdec.models.devices import TRITON_NEEDED, triton_installed
 
 if not triton_installed():
     raise ImportError(TRITON_NEEDED)

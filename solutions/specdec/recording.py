@@ -4,6 +4,9 @@
 :func:`~specdec.lookup.lookup_generate` and notebook 07's :func:`~specdec.tree.tree_generate` on models
 wrapped in :class:`RecordingModel`, and derives each round's proposed, accepted and committed counts and its
 draft and target seconds from the record (:func:`rounds_from_calls`). The lesson modules know nothing of it.
+The models may sit on a GPU: their forwards run there, their logits come back to the host (as
+:class:`specdec.models.pretrained.PretrainedLM`'s do), and the loops, which make their tensors on the host, sample
+and verify there, with a host generator. Every clock read waits for the models' device first.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 from specdec.engine import speculative_generate, target_only_generate
 from specdec.lookup import lookup_generate
+from specdec.models.devices import logits_device, model_device, synchronize
 from specdec.models.model import KVCache, Llama
 from specdec.params import GREEDY, SamplingParams, check_vocabularies
 from specdec.tree import DEFAULT_CHOICES, flatten_tree, tree_generate
@@ -36,18 +40,26 @@ class Call:
 
 
 class RecordingModel:
-    """Wraps a Llama and records every forward (for statistics and for the checks)."""
+    """Wraps a Llama and records every forward (for statistics and for the checks); a forward's time is its work
+    on the model's device, waited for (on a GPU, the kernels run after the call returns). ``to_host``: return the
+    logits on the host, so that a loop that makes its tensors there runs unchanged on a model on a GPU."""
 
-    def __init__(self, model: Llama, keep_logits: bool = False) -> None:
+    def __init__(self, model: Llama, keep_logits: bool = False, to_host: bool = False) -> None:
         self.model, self.config, self.keep_logits, self.calls = model, model.config, keep_logits, []
+        self.device, self.to_host = model_device(model), to_host
+        self.logits_device = torch.device("cpu") if to_host else logits_device(model)
 
     def __getattr__(self, name: str):  # parameters(), eval(), ...: the wrapped model's
         return getattr(self.model, name)
 
     def __call__(self, tokens: torch.Tensor, cache: KVCache | None = None, *args, **kwargs) -> torch.Tensor:
         before = cache.length if cache is not None else None
+        synchronize(self.device)  # earlier work is not this forward's
         start = time.perf_counter()
         out = self.model(tokens, cache, *args, **kwargs)
+        if self.to_host:
+            out = tuple(t.cpu() for t in out) if isinstance(out, tuple) else out.cpu()
+        synchronize(self.device)
         seconds = time.perf_counter() - start
         self.calls.append(Call(next(_call_order), before, tokens[0].tolist(), seconds, cache,
                                out[0].detach() if self.keep_logits else None))
@@ -124,22 +136,27 @@ class SpeculativeEngine:
         if draft is not None:
             check_vocabularies(target, draft)
         self.target, self.draft = target.eval(), draft.eval() if draft is not None else None
+        self.device = model_device(target)
+
+    def _clock(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
 
     def generate_target_only(self, prompt: list[int], n_tokens: int, params: SamplingParams = GREEDY,
                              generator: torch.Generator | None = None) -> Generation:
-        target = RecordingModel(self.target)
-        start = time.perf_counter()
+        target = RecordingModel(self.target, to_host=True)
+        start = self._clock()
         tokens = target_only_generate(target, prompt, n_tokens, params, generator)
-        wall = time.perf_counter() - start
+        wall = self._clock() - start
         return Generation(tokens, wall_s=wall, prefill_s=_prefill_s(len(prompt) > 1, target), forward_s=_forward_s(target))
 
     def generate_lookup(self, prompt: list[int], n_tokens: int, gamma: int, params: SamplingParams = GREEDY,
                         generator: torch.Generator | None = None, n_max: int = 3, n_min: int = 1) -> Generation:
         """Speculative decoding with prompt-lookup proposals (no draft model), notebook 06."""
-        target = RecordingModel(self.target)
-        start = time.perf_counter()
+        target = RecordingModel(self.target, to_host=True)
+        start = self._clock()
         tokens = lookup_generate(target, prompt, n_tokens, gamma, params, generator, n_max, n_min)
-        wall = time.perf_counter() - start
+        wall = self._clock() - start
         prefilled = len(prompt) > 1
         return Generation(tokens, rounds_from_calls(target.calls, [], prefilled), wall, _prefill_s(prefilled, target),
                           _forward_s(target))
@@ -149,10 +166,10 @@ class SpeculativeEngine:
         """Speculative decoding with a tree of draft candidates (notebook 07); ``proposed``
         per round is the tree's depth, the most one round can accept."""
         choices = choices or DEFAULT_CHOICES
-        target, draft = RecordingModel(self.target), RecordingModel(self.draft)
-        start = time.perf_counter()
+        target, draft = RecordingModel(self.target, to_host=True), RecordingModel(self.draft, to_host=True)
+        start = self._clock()
         tokens = tree_generate(target, draft, prompt, n_tokens, choices, params, generator)
-        wall = time.perf_counter() - start
+        wall = self._clock() - start
         prefilled, depth = len(prompt) > 1, max(flatten_tree(choices).depths)
         rounds = rounds_from_calls(target.calls, draft.calls, prefilled, depth)
         return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft), _forward_s(target, draft))
@@ -162,10 +179,10 @@ class SpeculativeEngine:
         """Speculative decoding: the same output distribution as generate_target_only."""
         if self.draft is None:
             raise ValueError("no draft model: use generate_target_only, or pass a draft")
-        target, draft = RecordingModel(self.target), RecordingModel(self.draft)
-        start = time.perf_counter()
+        target, draft = RecordingModel(self.target, to_host=True), RecordingModel(self.draft, to_host=True)
+        start = self._clock()
         tokens = speculative_generate(target, draft, prompt, n_tokens, gamma, params, generator)
-        wall = time.perf_counter() - start
+        wall = self._clock() - start
         prefilled = len(prompt) > 1
         rounds = rounds_from_calls(target.calls, draft.calls, prefilled, gamma)
         return Generation(tokens, rounds, wall, _prefill_s(prefilled, target, draft), _forward_s(target, draft))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.models.devices import on_device
 from specdec.models.model import KVCache
 from specdec.params import GREEDY, SamplingParams, check_request
 from specdec.sampling import sample
@@ -158,10 +159,12 @@ def verify_tree_sampling(tokens: torch.Tensor, tree: Tree, p: torch.Tensor,
 def verify_tree(tokens: torch.Tensor, tree: Tree, logits: torch.Tensor, params: SamplingParams,
                 generator: torch.Generator | None = None) -> tuple[list[int], list[int]]:
     """(path, committed) at the request's settings: verify_tree_greedy at temperature 0, verify_tree_sampling
-    otherwise. ``tokens``: (N,) the tree's nodes; ``logits``: (N, V), the target's at each node."""
+    otherwise. ``tokens``: (N,) the tree's nodes; ``logits``: (N, V), the target's at each node. Runs where the
+    logits are (on a GPU: ``generator`` must be there too)."""
     if params.temperature == 0:
         return verify_tree_greedy(tokens, tree.parents, logits)
-    return verify_tree_sampling(tokens, tree, params.probs(logits), generator)
+    with on_device(logits.device):  # verify_tree_sampling (notebook 07) draws its uniforms with no device named
+        return verify_tree_sampling(tokens, tree, params.probs(logits), generator)
 
 
 def compact_cache(cache: KVCache, start: int, path: Sequence[int]) -> None:

@@ -44,8 +44,8 @@ from specdec.course.driver import (
 from specdec.course.progress import HOOK_CONFIG, PROGRESS_ENV, CellWatch
 from specdec.course.reference_calls import reference_calls
 from specdec.course.written import format_model_answers, written_answers
+from specdec.models.devices import NEEDS_TRITON, TRITON_NEEDED, triton_installed
 from specdec.paths import NOTEBOOKS_DIR, REPO_ROOT
-from specdec.triton_support import NEEDS_TRITON, TRITON_NEEDED, triton_installed
 
 STUDENT = "learner"
 REPORT_DIR = REPO_ROOT / ".grades"

@@ -35,7 +35,7 @@ class EagleDrafter(nn.Module):
         B, T, _ = features.shape
         start = cache.length if cache is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(start, start + T)
+            position_ids = torch.arange(start, start + T, device=features.device)
         cos, sin = target.rope_cos[position_ids], target.rope_sin[position_ids]
         x = self.fc(torch.cat([features, next_embeddings], dim=-1))
         x = self.layer(x, cos, sin, 0, cache, mask)

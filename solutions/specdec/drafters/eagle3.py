@@ -86,7 +86,7 @@ class FeatureDrafter(nn.Module):
         B, T, _ = features.shape
         start = cache.length if cache is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(start, start + T)
+            position_ids = torch.arange(start, start + T, device=features.device)
         embedding = self.embed_proj(target.embed_tokens(next_tokens))  # (B, T, width)
         x = self.fc(torch.cat([features, embedding], dim=-1))
         x = self.layer(x, self.rope_cos[position_ids], self.rope_sin[position_ids], 0, cache, mask)

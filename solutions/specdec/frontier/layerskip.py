@@ -42,7 +42,7 @@ def exit_logits(model: Llama, hidden: torch.Tensor) -> torch.Tensor:
 
 def embed(model: Llama, tokens: list[int]) -> torch.Tensor:
     """(1, len(tokens), d): the tokens' embeddings, the input of layer 0."""
-    return model.embed_tokens(torch.tensor([tokens]))
+    return model.embed_tokens(torch.tensor([tokens], device=model.embed_tokens.weight.device))
 
 
 @torch.no_grad()

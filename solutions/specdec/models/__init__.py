@@ -9,5 +9,7 @@ the toy models of notebooks 02-04, checkpoints and their training, and Hugging F
 - :mod:`~specdec.models.train`: ``python -m specdec.models.train`` trains the target and the drafts;
 - :mod:`~specdec.models.cards`: the model card in ``data/models/README.md``;
 - :mod:`~specdec.models.hf`: the course's checkpoints as Hugging Face ``LlamaForCausalLM`` folders;
-- :mod:`~specdec.models.pretrained`: any Hugging Face causal LM behind the course's model interface.
+- :mod:`~specdec.models.pretrained`: any Hugging Face causal LM behind the course's model interface;
+- :mod:`~specdec.models.devices`: where a model's tensors live, timing on an asynchronous device, and whether
+  Triton is installed.
 """

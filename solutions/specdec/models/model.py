@@ -60,15 +60,50 @@ class KVCache:
         return super().__new__(cls)
 
     def __init__(self, config: LlamaConfig, batch_size: int = 1, max_len: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> None:
+        """``dtype`` and ``device`` default to those of the first keys written: the cache follows the model that
+        writes it (a bfloat16 model on a GPU fills a bfloat16 cache on that GPU), wherever the cache was made.
+        K and V are allocated at that first write, or at a read before it (then in ``dtype`` or torch's default
+        dtype, on ``device`` or torch's default device)."""
         self.max_len = max_len or config.max_seq_len
-        shape = (config.n_layers, batch_size, config.n_kv_heads, self.max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._shape = (config.n_layers, batch_size, config.n_kv_heads, self.max_len, config.head_dim)
+        self._dtype, self._device = dtype, device
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
         self.length = 0  # positions 0..length-1 hold valid entries
+
+    def _allocate(self, dtype: torch.dtype | None, device: torch.device | str | None) -> None:
+        self._k = torch.zeros(self._shape, dtype=dtype, device=device)
+        self._v = torch.zeros(self._shape, dtype=dtype, device=device)
+
+    @property
+    def k(self) -> torch.Tensor:
+        """(n_layers, B, n_kv_heads, max_len, head_dim)."""
+        if self._k is None:
+            self._allocate(self._dtype, self._device)
+        return self._k
+
+    @k.setter
+    def k(self, value: torch.Tensor) -> None:
+        self._k = value
+
+    @property
+    def v(self) -> torch.Tensor:
+        if self._v is None:
+            self._allocate(self._dtype, self._device)
+        return self._v
+
+    @v.setter
+    def v(self, value: torch.Tensor) -> None:
+        self._v = value
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, n_kv_heads, T, head_dim) at length..length+T-1; return all valid K, V."""
+        if self._k is None:  # the first write: the model's dtype and device, unless the cache was given others
+            self._allocate(self._dtype or k.dtype, self._device or k.device)
+        if self._k.device != k.device:
+            raise ValueError(f"this KV cache is on {self._k.device} and the model writing it on {k.device}: make the "
+                             "cache with no device (it then follows the model) or on the model's device")
         T = k.shape[2]
         end = self.length + T
         if end > self.max_len:
@@ -88,7 +123,7 @@ class KVCache:
         self.length = length
 
 
-def rope_tables(config: LlamaConfig, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(config: LlamaConfig, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, (max_seq_len, head_dim), in the "rotate half" layout."""
     half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float32, device=device) / half))
@@ -102,6 +137,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding that takes token ids from the host as well: the loops build them from Python lists, and a model
+    on a GPU moves them over (a copy it needs anyway) instead of failing."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids.to(self.weight.device))
 
 
 class RMSNorm(nn.Module):
@@ -142,6 +185,8 @@ class Attention(nn.Module):
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)  # (B, KV, groups * T, L)
         if mask is None and T > 1:  # causal over the new positions, everything cached is visible
             mask = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
+        elif mask is not None:
+            mask = mask.to(x.device)  # a tree mask built on the host (notebook 07)
         if mask is not None:
             scores = scores.view(B, c.n_kv_heads, groups, T, L).masked_fill(~mask, float("-inf")).view_as(scores)
         out = torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v  # (B, KV, groups * T, hd)
@@ -184,7 +229,8 @@ class MoEMLP(nn.Module):
         weights = torch.softmax(top, dim=-1)
         self.routing = ids.detach()
         if self.training:
-            share = torch.zeros(scores.shape[1]).index_add_(0, ids.flatten(), torch.ones(ids.numel())) / ids.numel()
+            share = torch.zeros(scores.shape[1], device=scores.device).index_add_(
+                0, ids.flatten(), torch.ones(ids.numel(), device=scores.device)) / ids.numel()
             self.balance = scores.shape[1] * (share * torch.softmax(scores, dim=-1).mean(0)).sum()
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
@@ -213,7 +259,7 @@ class Llama(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.embed_tokens = TokenEmbedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -229,8 +275,8 @@ class Llama(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, return_hidden: bool = False, taps: tuple[int, ...] = ()):
-        """tokens (B, T); position_ids (T,) default cache.length + arange(T); mask (T, L) bool,
-        True where a new position may attend (L = cached + T), default causal. With ``return_hidden``:
+        """tokens (B, T), on the model's device or the host; position_ids (T,) default cache.length + arange(T);
+        mask (T, L) bool, True where a new position may attend (L = cached + T), default causal. With ``return_hidden``:
         (logits, features), the features (B, T, d) being the LM head's input, after the final norm (what
         Medusa heads and the EAGLE drafter read, notebook 12). With ``taps`` (layer counts in 1..n_layers):
         (logits, features, tapped), tapped (B, T, len(taps) * d) the residual stream after each of those

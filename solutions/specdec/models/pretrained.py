@@ -111,6 +111,8 @@ class PretrainedLM:
     continue what it holds. Tree masks, explicit positions and hidden-state features are the course
     model's alone: the adapter runs the chain loops (notebook 05's loop, prompt lookup)."""
 
+    logits_device = torch.device("cpu")  # where the logits come back, whatever the model runs on (models.devices)
+
     def __init__(self, model, tokenizer=None, name: str = "") -> None:
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name or model.config.name_or_path
         self.device = next(model.parameters()).device

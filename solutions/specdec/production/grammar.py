@@ -265,14 +265,15 @@ class Matcher:
 
 def masked_logits(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """(n, V) logits with every token a (n, V) bool mask forbids set to -inf: sampling from them at any
-    temperature, top-k or top-p (or taking their argmax) is constrained sampling."""
+    temperature, top-k or top-p (or taking their argmax) is constrained sampling. The masks may stay on the host
+    (a grammar's are made and kept there) while the logits are on a GPU."""
     if logits.shape != masks.shape or masks.dtype != torch.bool:
         raise ValueError(f"need logits and bool masks of one shape, got {tuple(logits.shape)} and "
                          f"{tuple(masks.shape)} {masks.dtype}")
     empty = (~masks.any(-1)).nonzero()
     if len(empty):
         raise ValueError(f"mask row {int(empty[0, 0])} allows no token: the grammar has ended there")
-    return logits.masked_fill(~masks, float("-inf"))
+    return logits.masked_fill(~masks.to(logits.device), float("-inf"))
 
 
 def speculative_masks(matcher: Matcher, drafts: Sequence[int]) -> tuple[int, torch.Tensor]:

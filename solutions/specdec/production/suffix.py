@@ -136,7 +136,8 @@ def proposer_generate(target: Llama, prompt: list[int], n_tokens: int, propose: 
         room = min(n_tokens - (P - len(prompt)) - 1, target.config.max_seq_len - P)
         drafts = list(propose(tokens))[: max(room, 0)]
         logits = target(torch.tensor([tokens[-1:] + drafts]), cache)[0]  # (len(drafts) + 1, V)
-        q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long), logits.shape[-1]).to(torch.float64)
+        q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long, device=logits.device),
+                                        logits.shape[-1]).to(torch.float64)
         committed = verify_drafts(drafts, q, logits, params, generator)
         tokens += committed
         cache.crop(P + len(committed) - 1)

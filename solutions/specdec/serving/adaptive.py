@@ -14,7 +14,10 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
+
 from specdec.ledger import expected_tokens_per_round
+from specdec.models.devices import synchronize
 from specdec.validate import check_positive_int, check_probability
 
 
@@ -58,15 +61,19 @@ class StepCosts:
         return s[i - 1] + (s[i] - s[i - 1]) * (n - c[i - 1]) / (c[i] - c[i - 1])
 
     @classmethod
-    def measure(cls, forward: Callable[[int], object], counts: list[int], repeats: int = 5) -> StepCosts:
-        """Time ``forward(n)`` for each count (median of ``repeats`` after a warm-up)."""
+    def measure(cls, forward: Callable[[int], object], counts: list[int], repeats: int = 5,
+                device: torch.device | str = "cpu") -> StepCosts:
+        """Time ``forward(n)`` for each count (median of ``repeats`` after a warm-up); ``device``: where the forward
+        runs, waited for before each clock read (on a GPU the forward's kernels run after it returns)."""
         seconds = []
         for n in counts:
             forward(n)
             times = []
             for _ in range(repeats):
+                synchronize(device)
                 start = time.perf_counter()
                 forward(n)
+                synchronize(device)
                 times.append(time.perf_counter() - start)
             seconds.append(sorted(times)[len(times) // 2])
         return cls(counts, seconds)
@@ -106,11 +113,12 @@ class BatchCosts:
 
     @classmethod
     def measure(cls, forward: Callable[[int, int], object], rows: list[int], per_row: list[int],
-                repeats: int = 5) -> BatchCosts:
-        """Time ``forward(rows, tokens_per_row)`` on the grid (median of ``repeats`` after a warm-up)."""
+                repeats: int = 5, device: torch.device | str = "cpu") -> BatchCosts:
+        """Time ``forward(rows, tokens_per_row)`` on the grid (median of ``repeats`` after a warm-up), waiting for
+        ``device`` before each clock read (:meth:`StepCosts.measure`)."""
         seconds = []
         for r in rows:
-            line = StepCosts.measure(lambda k, r=r: forward(r, k), per_row, repeats)
+            line = StepCosts.measure(lambda k, r=r: forward(r, k), per_row, repeats, device)
             seconds.append(line.seconds)
         return cls(rows, per_row, seconds)
 

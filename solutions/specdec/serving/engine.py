@@ -15,6 +15,9 @@ Each :meth:`ServingEngine.step`:
 5. commits each row's own count, ending rows at stops inside the drafts (:func:`commit_round`),
    and gives back every block the row no longer needs (:func:`release_slots`).
 
+Every tensor of a step lives on the models' device (the paged caches, the index tensors, each request's
+generator), and every clock read first waits for that device.
+
 Each request samples from its own seeded generator, so its output *distribution* does not depend
 on which other requests shared its batches (the draws themselves can: the batch decides how many
 drafts a row makes under the token budget or with gamma="auto"). The first step with a "auto" row
@@ -34,6 +37,7 @@ import torch
 
 from specdec.chain import verify_drafts
 from specdec.models import tokenizer
+from specdec.models.devices import model_device, synchronize
 from specdec.models.model import Llama
 from specdec.params import GREEDY, SamplingParams, StopCriteria, check_vocabularies
 from specdec.sampling import sample
@@ -110,12 +114,16 @@ class ServingEngine:
         check_positive_int(block_size, "block_size")
         check_positive_int(token_budget, "token_budget")
         check_positive_int(max_gamma, "max_gamma", minimum=0)
+        self.device = model_device(target)  # where the caches live, the forwards run and the requests sample
         if draft is not None:
             check_vocabularies(target, draft)
+            if model_device(draft) != self.device:
+                raise ValueError(f"the target is on {self.device} and the draft on {model_device(draft)}: the engine "
+                                 "verifies the draft's distributions against the target's, so put both on one device")
         self.target, self.draft = target.eval(), draft.eval() if draft is not None else None
         dtype = next(target.parameters()).dtype
-        self.kv = PagedKV(target.config, num_blocks, block_size, dtype)
-        self.draft_kv = PagedKV(draft.config, num_blocks, block_size, dtype) if draft is not None else None
+        self.kv = PagedKV(target.config, num_blocks, block_size, dtype, self.device)
+        self.draft_kv = PagedKV(draft.config, num_blocks, block_size, dtype, self.device) if draft is not None else None
         self.num_blocks, self.block_size, self.token_budget, self.max_gamma = num_blocks, block_size, token_budget, max_gamma
         self.free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
         self.refs: dict[int, int] = {}  # block -> how many block tables hold it (more than one: a shared prefix)
@@ -176,7 +184,7 @@ class ServingEngine:
             raise ValueError(f"the request needs up to {blocks_for(len(tokens) + max_tokens, self.block_size)} blocks "
                              f"of {self.block_size} slots; the engine has {self.num_blocks} in all")
         seq = Seq(self._next_id, tokens, StopCriteria(max_tokens, tuple(stop_token_ids), stop_sequences), params, gamma,
-                  generator=torch.Generator().manual_seed(seed if seed is not None else self._next_id),
+                  generator=torch.Generator(device=self.device).manual_seed(seed if seed is not None else self._next_id),
                   arrival_time=time.perf_counter() if arrival_time is None else arrival_time)
         self._next_id += 1
         self.waiting.append(seq)
@@ -253,8 +261,13 @@ class ServingEngine:
             if any(s.seq_id == seq_id for s in self.waiting + self.running):
                 self.abort_request(seq_id)
 
+    def _clock(self) -> float:
+        """time.perf_counter() once the work queued on the device is done (a GPU runs its kernels after the launch)."""
+        synchronize(self.device)
+        return time.perf_counter()
+
     def _step(self) -> dict[int, list[int]]:
-        start = time.perf_counter()
+        start = self._clock()
         self._where = ("Parts.choose_gamma", None)
         self._set_lookahead()
         hits = self._match_prefixes()
@@ -285,22 +298,23 @@ class ServingEngine:
             return {}
         gammas = [scheduled[s] - 1 if self._decoding(s) and s.lookahead else 0 for s in rows]
         decoding = sum(self._decoding(s) for s in rows)
-        drafting = time.perf_counter()
+        drafting = self._clock()
         self._where = ("the draft's forward", None)
         drafted_rows = [s for s, g in zip(rows, gammas) if g]
         drafts, qs = self._draft(drafted_rows, [g for g in gammas if g])
-        drafted = time.perf_counter()
+        drafted = self._clock()
         emitted = self._verify_and_commit(rows, gammas, scheduled, drafts, qs)
         self._where = ("the engine", None)
+        end = self._clock()
         if decoding == len(rows) and self.gate is not None:  # the costs were measured on decode rows: learn there
             if len(drafted_rows) in (0, len(rows)):  # (a verify step's overhead grows with the rows it verifies)
                 self._learn_overheads(drafted - drafting, max(gammas), len(drafted_rows),
-                                      time.perf_counter() - start - (drafted - drafting), len(rows),
+                                      end - start - (drafted - drafting), len(rows),
                                       sum(scheduled.values()))
             if all(s.gamma == "auto" for s in rows):
                 self._record_gain(len(rows), drafted_rows, max(gammas), drafted - drafting,
-                                  time.perf_counter() - start, sum(len(emitted.get(s.seq_id, ())) for s in drafted_rows))
-        self.steps.append(StepRecord(time.perf_counter() - start, sum(scheduled.values()), len(rows),
+                                  end - start, sum(len(emitted.get(s.seq_id, ())) for s in drafted_rows))
+        self.steps.append(StepRecord(end - start, sum(scheduled.values()), len(rows),
                                      decoding, len(drafted_rows), max(gammas), sum(gammas), len(self.free_blocks)))
         return emitted
 
@@ -389,10 +403,10 @@ class ServingEngine:
         q_rows: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in rows}
         feeds = {s.seq_id: s.tokens[s.draft_computed:] for s in rows}
         self._draft_was_behind = max((len(f) for f in feeds.values()), default=0) > 2  # it fell behind while off
-        started = time.perf_counter()
+        started = self._clock()
         for j in range(max(gammas, default=0)):
             if j == 1:  # the first forward, which fed each row's pending tokens
-                self._draft_first_s = time.perf_counter() - started
+                self._draft_first_s = self._clock() - started
             active = [s for s, g in zip(rows, gammas) if g > j]
             batch = RaggedBatch([feeds[s.seq_id] for s in active], [s.draft_computed for s in active],
                                 [s.block_table for s in active])
@@ -404,7 +418,7 @@ class ServingEngine:
                 q_rows[seq.seq_id].append(q)
                 feeds[seq.seq_id] = [token]
         if max(gammas, default=0) == 1:
-            self._draft_first_s = time.perf_counter() - started
+            self._draft_first_s = self._clock() - started
         return drafts, {k: torch.stack(v) for k, v in q_rows.items() if v}
 
     def _verify_and_commit(self, rows: list[Seq], gammas: list[int], scheduled: dict[Seq, int],
@@ -446,7 +460,7 @@ class ServingEngine:
             raise ValueError(f"it must return one list of emitted tokens per row ({len(committing)}), "
                              f"got {emitted_rows!r:.80}")
         self.last_step["emitted"] = {}
-        now, emitted = time.perf_counter(), self.last_step["emitted"]
+        now, emitted = self._clock(), self.last_step["emitted"]
         for seq, tokens in zip(committing, emitted_rows):
             emitted[seq.seq_id] = tokens
             if seq.first_token_time is None:
@@ -608,7 +622,8 @@ class ServingEngine:
         costs = []
         for model in (self.target, self.draft):
             kv = _scratch_kv(model, num_blocks, self.block_size)  # dropped when the measurement ends
-            costs.append(BatchCosts.measure(lambda r, k: _decode_forward(model, kv, r, k, context), list(rows), list(per_row)))
+            costs.append(BatchCosts.measure(lambda r, k: _decode_forward(model, kv, r, k, context), list(rows), list(per_row),
+                                            device=self.device))
         self.costs = tuple(costs)
         return self.costs
 
@@ -637,7 +652,7 @@ def _stop_sequences(stop: str | Sequence[str]) -> tuple[tuple[int, ...], ...]:
 
 def _scratch_kv(model: Llama, num_blocks: int, block_size: int) -> PagedKV:
     """A paged cache that only :meth:`ServingEngine.measure_costs` writes to, freed when it returns."""
-    return PagedKV(model.config, num_blocks, block_size, next(model.parameters()).dtype)
+    return PagedKV(model.config, num_blocks, block_size, next(model.parameters()).dtype, model_device(model))
 
 
 @torch.inference_mode()

@@ -8,24 +8,28 @@ that exists only for the matmul; the cache itself holds each token once, in its 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from specdec.models.devices import on_device
 from specdec.models.model import Llama, LlamaConfig, apply_rope
 from specdec.serving.blocks import blocks_for, slot_mapping
 
 
 class PagedKV:
-    """K and V of every layer in one pool of slots: (n_layers, num_blocks * block_size, n_kv_heads, head_dim)."""
+    """K and V of every layer in one pool of slots: (n_layers, num_blocks * block_size, n_kv_heads, head_dim), on the
+    device of the model that writes them (the serving engine passes its model's)."""
 
-    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, config: LlamaConfig, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (config.n_layers, num_blocks * block_size, config.n_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def bytes(self) -> int:
@@ -60,9 +64,10 @@ class _AttentionGroup:
     shape: tuple[int, int, int]  # B, T, L
 
 
-def _groups(batch: RaggedBatch, block_size: int) -> list[_AttentionGroup]:
+def _groups(batch: RaggedBatch, block_size: int, device: torch.device | str = "cpu") -> list[_AttentionGroup]:
+    """The step's attention groups, built on the host (many small tensors) and moved to ``device`` once each."""
     q_lens = batch.q_lens
-    offsets = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    offsets = [0, *itertools.accumulate(q_lens)]
     short = [b for b, n in enumerate(q_lens) if n <= SHORT]
     members = ([short] if short else []) + [[b] for b, n in enumerate(q_lens) if n > SHORT]
     groups = []
@@ -82,7 +87,8 @@ def _groups(batch: RaggedBatch, block_size: int) -> list[_AttentionGroup]:
         q_pos[row_in_group, cols] = torch.tensor(starts)[row_in_group] + cols
         ctx = torch.tensor([s + n for s, n in zip(starts, lens)])
         mask = (key_pos.view(1, 1, L) <= q_pos.view(B, T, 1)) & (key_pos.view(1, 1, L) < ctx.view(B, 1, 1))
-        groups.append(_AttentionGroup(tokens, row_in_group, cols, ctx_slots, mask, (B, T, L)))
+        moved = (t.to(device) for t in (tokens, row_in_group, cols, ctx_slots, mask))
+        groups.append(_AttentionGroup(*moved, (B, T, L)))
     return groups
 
 
@@ -94,16 +100,19 @@ def paged_forward(model: Llama, kv: PagedKV, batch: RaggedBatch, logit_rows: lis
     Returns one logits tensor per row, (len(logit_rows[b]), V), for the positions of the row's
     new tokens listed in ``logit_rows[b]`` (default: all of them); the LM head runs on those only.
     ``mapping``: the slot mapping function (notebook 11's exercise; the reference by default).
+    The index tensors are built on the host and moved to the device of ``kv`` (the model's) once each.
     """
-    c, bs = model.config, kv.block_size
+    c, bs, device = model.config, kv.block_size, kv.k.device
     q_lens = batch.q_lens
     if max(s + n for s, n in zip(batch.starts, q_lens)) > c.max_seq_len:
         raise ValueError(f"a row goes beyond max_seq_len {c.max_seq_len}")
-    slots = torch.as_tensor(mapping(batch.block_tables, batch.starts, q_lens, bs), dtype=torch.long)  # (N,)
-    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, q_lens)])  # (N,)
-    groups = _groups(batch, bs)
+    with on_device("cpu"):  # even under torch.device(the GPU): small index tensors, moved once each
+        slots = torch.as_tensor(mapping(batch.block_tables, batch.starts, q_lens, bs), dtype=torch.long)  # (N,)
+        positions = torch.cat([torch.arange(s, s + n) for s, n in zip(batch.starts, q_lens)])  # (N,)
+        groups = _groups(batch, bs, device)
+    slots, positions = slots.to(device), positions.to(device)
     cos, sin = model.rope_cos[positions], model.rope_sin[positions]  # (N, hd)
-    x = model.embed_tokens(torch.tensor([t for row in batch.tokens for t in row]))  # (N, d)
+    x = model.embed_tokens(torch.tensor([t for row in batch.tokens for t in row], device=device))  # (N, d)
     for i, layer in enumerate(model.layers):
         attn, h = layer.self_attn, layer.input_layernorm(x)
         q = attn.q_proj(h).view(-1, c.n_heads, c.head_dim).transpose(0, 1)  # (H, N, hd)
@@ -116,9 +125,9 @@ def paged_forward(model: Llama, kv: PagedKV, batch: RaggedBatch, logit_rows: lis
             out[g.tokens] = _attend(q[:, g.tokens], kv.k[i], kv.v[i], g, c.n_kv_heads, x.dtype)
         x = x + attn.o_proj(out.reshape(-1, c.n_heads * c.head_dim))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    offsets = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    offsets = [0, *itertools.accumulate(q_lens)]
     rows = logit_rows if logit_rows is not None else [list(range(n)) for n in q_lens]
-    picked = torch.tensor([offsets[b] + j for b, js in enumerate(rows) for j in js], dtype=torch.long)
+    picked = torch.tensor([offsets[b] + j for b, js in enumerate(rows) for j in js], dtype=torch.long, device=device)
     logits = model.lm_head(model.norm(x[picked]))  # (sum of picked, V)
     return list(logits.split([len(js) for js in rows]))
 
