@@ -102,3 +102,44 @@ def test_messages_are_framed_and_bounded():
             channel.receive(b)
         a.close()
         assert channel.receive(b) is None
+
+
+@pytest.mark.parametrize("name", [
+    "specdec.paths:os.popen",  # a module's import, walked to: ran shell commands as root in the grader (issue 51)
+    "specdec.paths:os",
+    "specdec.models.model:torch.load",  # unpickles
+    "specdec.models.model:math.__builtins__",
+    "specdec.bench.__main__:main",  # importing it runs a benchmark
+    "specdec.params:SamplingParams.__init__.__globals__",
+    "specdec.params:SamplingParams.__class__",
+])
+def test_a_kernel_cannot_name_anything_but_what_a_lesson_defines(name):
+    for tag in ({"fn": name}, {"o": name, "state": [], "id": 0}, {"E": name, "name": "x"}):
+        with pytest.raises(channel.ChannelError):
+            channel.Decoder()(tag)
+
+
+def test_a_kernel_cannot_make_the_grader_import_a_module(monkeypatch):
+    import sys
+
+    import specdec.lookup
+
+    monkeypatch.delitem(sys.modules, "specdec.lookup")  # as if the grader had not loaded it
+    with pytest.raises(channel.ChannelError, match="not loaded"):
+        channel.Decoder()({"fn": "specdec.lookup:propose_ngram"})
+    assert "specdec.lookup" not in sys.modules and specdec.lookup
+
+
+def test_an_object_from_a_kernel_gets_its_data_fields_and_nothing_that_hides_its_class():
+    from specdec.params import SamplingParams
+
+    good = channel.Decoder()(channel.Encoder()(SamplingParams(0.7, top_k=5)))
+    assert isinstance(good, SamplingParams) and good.temperature == 0.7 and good.top_k == 5
+    for name, value in (("probs", {"fn": "specdec.params:SamplingParams"}), ("__class__", None), ("__dict__", {})):
+        forged = {"o": "specdec.params:SamplingParams", "state": [["temperature", {"f": "1.0"}], [name, value]], "id": 0}
+        with pytest.raises(channel.ChannelError, match="data fields"):
+            channel.Decoder()(forged)
+    with pytest.raises(channel.ChannelError, match="module"):
+        channel.Decoder()({"o": "specdec.models.model:Llama", "state": [], "id": 0})
+    # the grader's own messages still build what it sends (the kernel's decoder trusts its sender)
+    assert channel.Decoder(trusted_sender=True)({"fn": "specdec.sampling:sample"}).__name__ == "sample"

@@ -98,6 +98,17 @@ ATTACKS = {
         "    try: open(os.path.join(d, 'specdec-attack'), 'w').write('x')\n"
         "    except OSError: pass"), 0),
     "false_note": (_correct_with("print('DeadKernelError: the kernel died')"), FULL),
+    # issue 51: the kernel's helper describes count_params as a "function of the course's package" that is really
+    # os.popen, reached through specdec.paths' own import: the grader called it with the visible test's argument, in
+    # its own process (as root, outside the sandbox); with arguments of the submission's choosing, a shell command
+    "named_function": (_blank_with(
+        "import json\n"
+        "_describe = __specdec_grader__.describe\n"
+        "def _forged(request):\n"
+        "    answer = json.loads(_describe(request))\n"
+        "    answer['answer']['count_params'] = {'kind': 'value', 'value': {'fn': 'specdec.paths:os.popen'}}\n"
+        "    return json.dumps(answer)\n"
+        "__specdec_grader__.describe = _forged\n"), 0),
     "helper_replaced": (_blank_with(
         "import socket, types\n"
         "def _forged_session(path):\n"
@@ -178,3 +189,12 @@ def test_a_reference_call_is_evidence_not_silence(attacked):
     row = totals["read_the_answers"]
     assert row["needs_review"] == "True" and "withheld" in row["messages"], row
     assert "kernel died" not in totals["false_note"]["messages"] or totals["false_note"]["score"] == f"{FULL:g}"
+
+
+@pytest.mark.cohort
+def test_the_grader_never_runs_a_function_a_kernel_names(attacked):
+    """Before issue 51's fix the grader resolved specdec.paths:os.popen and called it ("invalid cmd type")."""
+    _, out, *_ = attacked
+    rows = [r for r in csv.DictReader(open(out / "grades.csv"))
+            if r["student"] == "named_function" and r["exercise"].startswith("count_params")]
+    assert rows and all("cmd" not in r["message"] and "Opaque" in r["message"] for r in rows), rows

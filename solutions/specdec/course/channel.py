@@ -30,6 +30,7 @@ import enum
 import importlib
 import json
 import re
+import sys
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -221,21 +222,34 @@ def _short_repr(value: Any) -> str:
     return text[:200]
 
 
-def _resolve(qualified: Any, want_class: bool) -> Any:
-    """A class or function of specdec or torch.nn by 'module:qualname', importing only such modules."""
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*|_[A-Za-z0-9][A-Za-z0-9_]*")  # no dunder: no __main__, __class__
+
+
+def _resolve(qualified: Any, want_class: bool, may_import: bool = False) -> Any:
+    """A class or function of specdec or torch.nn by 'module:qualname': only an object *defined* there under exactly
+    that name (its ``__module__`` and ``__qualname__``), found through the module's own namespace and its classes',
+    never through an attribute that is another module (``specdec.paths:os.popen`` is refused). Only modules already
+    imported on this side, unless ``may_import`` (the kernel decoding the grader's messages): a name a submission
+    sends never makes the grader import anything (``specdec.bench.__main__`` would run a benchmark)."""
     if not isinstance(qualified, str) or ":" not in qualified:
         raise ChannelError(f"bad name {qualified!r}")
     module, name = qualified.split(":", 1)
-    if (not _PACKAGES.match(module) or _TRUSTED_ONLY.match(module) or "<" in name
-            or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name)):
+    parts = name.split(".")
+    if (not _PACKAGES.match(module) or _TRUSTED_ONLY.match(module)
+            or not all(_IDENTIFIER.fullmatch(p) for p in module.split(".") + parts)):
         raise ChannelError(f"{qualified!r} is not a class or function of the course's package")
-    obj: Any = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
+    if module not in sys.modules and not may_import:
+        raise ChannelError(f"{qualified!r}: its module is not loaded on the grader's side")
+    obj: Any = sys.modules.get(module) or importlib.import_module(module)
+    for depth, part in enumerate(parts):
+        if depth and not isinstance(obj, type):
+            raise ChannelError(f"{qualified!r} is not a class or function of the course's package")
+        obj = vars(obj).get(part)
+    if (not isinstance(obj, (type, types.FunctionType)) or getattr(obj, "__module__", None) != module
+            or getattr(obj, "__qualname__", None) != name):
+        raise ChannelError(f"{qualified!r} is not a class or function defined in {module}")
     if want_class and not isinstance(obj, type):
         raise ChannelError(f"{qualified!r} is not a class")
-    if not isinstance(obj, (type, types.FunctionType)):
-        raise ChannelError(f"{qualified!r} is not a class or function")
     return obj
 
 
@@ -243,7 +257,12 @@ class Decoder:
     """Builds values from Encoder's data. ``shared`` maps key -> the local object sent by reference."""
 
     def __init__(self, shared: Mapping[str, Any] | None = None, handles: Mapping[str, Any] | None = None,
-                 callbacks: Callable[[dict], Callback] | None = None, originals: Mapping[int, Any] | None = None):
+                 callbacks: Callable[[dict], Callback] | None = None, originals: Mapping[int, Any] | None = None,
+                 trusted_sender: bool = False):
+        """``trusted_sender``: the messages come from the grader (the kernel's decoder). Otherwise (the grader's, by
+        default) they come from a kernel that may be hostile: names resolve only to what its modules define and
+        have loaded, and objects are rebuilt only as plain data (see ``_object``)."""
+        self.trusted_sender = trusted_sender
         self.shared = dict(shared or {})
         self.originals = originals or {}  # number -> what this side sent under it (an "orig" comes back as it)
         self.handles = handles  # the grader's: key -> the object it handed over
@@ -344,7 +363,7 @@ class Decoder:
                 raise ChannelError("a tuple of ints that holds something else")
             return tuple(data["ti"])
         if tag == "E":
-            cls = _resolve(data["E"], want_class=True)
+            cls = _resolve(data["E"], want_class=True, may_import=self.trusted_sender)
             if not issubclass(cls, enum.Enum):
                 raise ChannelError(f"{data['E']} is not an enum")
             return cls[data["name"]]
@@ -354,7 +373,7 @@ class Decoder:
                 raise ChannelError(f"numpy dtype {dtype} is not numeric")
             return np.frombuffer(_unb64(data["data"]), dtype=dtype)[0]
         if tag == "fn":
-            return _resolve(data["fn"], want_class=False)
+            return _resolve(data["fn"], want_class=False, may_import=self.trusted_sender)
         return _NONE
 
     def _tensor(self, meta: dict) -> torch.Tensor:
@@ -376,9 +395,12 @@ class Decoder:
         return t.requires_grad_(bool(meta["grad"])) if dtype.is_floating_point else t
 
     def _object(self, data: dict, number: int, depth: int) -> Any:
-        cls = _resolve(data["o"], want_class=True)
+        cls = _resolve(data["o"], want_class=True, may_import=self.trusted_sender)
         if issubclass(cls, BaseException):
             raise ChannelError(f"{data['o']} is an exception class")
+        if not self.trusted_sender and issubclass(cls, torch.nn.Module):
+            raise ChannelError(f"{data['o']} is a module: models cross by reference or handle, never rebuilt")
+        fields = ({f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None)
         if "nt" in data:
             if not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
                 raise ChannelError(f"{data['o']} is not a namedtuple")
@@ -388,8 +410,19 @@ class Decoder:
         for name, value in data["state"]:
             if not isinstance(name, str):
                 raise ChannelError("an attribute name that is not a string")
+            if not self.trusted_sender and not _plain_attribute(cls, fields, name):
+                raise ChannelError(f"{data['o']}: attribute {name[:60]!r} is not one of its data fields")
             object.__setattr__(out, name, self(value, depth + 1))
         return out
+
+
+def _plain_attribute(cls: type, fields: set[str] | None, name: str) -> bool:
+    """Whether an object rebuilt from a kernel's message may have attribute ``name``: a dataclass's declared fields
+    only; for another class, an instance attribute that hides nothing of the class (no method, property or
+    ``__class__`` replaced by what the kernel sent)."""
+    if not _IDENTIFIER.fullmatch(name):
+        return False
+    return name in fields if fields is not None else not hasattr(cls, name)
 
 
 _NONE = object()
