@@ -109,6 +109,15 @@ ATTACKS = {
         "    answer['answer']['count_params'] = {'kind': 'value', 'value': {'fn': 'specdec.paths:os.popen'}}\n"
         "    return json.dumps(answer)\n"
         "__specdec_grader__.describe = _forged\n"), 0),
+    # issue 51: names the tests take from the grader, bound by a for loop, a tuple and a walrus: the test cells ran
+    # with the submission's checks and expect_* (10/10 with no answer, not flagged)
+    "shadow_names": (_blank_with(
+        "class _Pass:\n"
+        "    def __getattr__(self, name): return lambda *a, **k: None\n"
+        "    def __call__(self, *a, **k): return None\n"
+        "for checks in [_Pass()]: pass\n"
+        "expect_equal, expect_close = _Pass(), _Pass()\n"
+        "if (CheckFailure := _Pass()): pass"), 0),
     "helper_replaced": (_blank_with(
         "import socket, types\n"
         "def _forged_session(path):\n"
@@ -198,3 +207,11 @@ def test_the_grader_never_runs_a_function_a_kernel_names(attacked):
     rows = [r for r in csv.DictReader(open(out / "grades.csv"))
             if r["student"] == "named_function" and r["exercise"].startswith("count_params")]
     assert rows and all("cmd" not in r["message"] and "Opaque" in r["message"] for r in rows), rows
+
+
+@pytest.mark.cohort
+def test_names_the_tests_take_from_the_grader_cannot_be_shadowed_and_trying_is_held(attacked):
+    totals, *_ = attacked
+    row = totals["shadow_names"]
+    assert float(row["score"]) == 0 and row["needs_review"] == "True", row
+    assert "rebinds names the tests take from the grader" in row["messages"] and "expect_equal" in row["messages"], row

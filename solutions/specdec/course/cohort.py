@@ -63,6 +63,7 @@ from specdec.course.driver import (
 )
 from specdec.course.grading import read_submission
 from specdec.course.reference_calls import parse_cell, reference_calls
+from specdec.course.trusted import SHADOWED
 from specdec.course.withheld import WITHHELD
 from specdec.paths import REPO_ROOT
 
@@ -316,6 +317,12 @@ def _held(sub: Submission, log: str, autograded: Path) -> None:
         if marker in text:
             sub.needs_review = True
             sub.messages.append(f"held for review: the submission {why}")
+    for line in log.splitlines():  # from the grader's own log only: a submission cannot write it
+        if SHADOWED in line:
+            sub.needs_review = True
+            sub.messages.append(f"held for review: the submission {line[line.index(SHADOWED):][:300]} (the tests "
+                                "used the grader's)")
+            break
 
 
 def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.NotebookNode], out: Path,

@@ -397,6 +397,7 @@ class Grader:
 
 
 def _defined_names(source: str) -> set[str]:
+    """The top-level names a cell defines: functions, classes and the assignments of the course's cells."""
     tree = _parse(source)
     names: set[str] = set()
     for node in tree.body if tree else ():
@@ -407,6 +408,44 @@ def _defined_names(source: str) -> set[str]:
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
                 names.add(sub.id)
     return names
+
+
+def _bound_names(source: str) -> set[str]:
+    """The names a cell binds at top level other than by importing, in any form: assignment targets of every kind
+    (tuples, walrus, ``for``, ``with ... as``, ``except ... as``, ``match``, ``del``), definitions, and ``global``
+    inside a function. Names local to a function or a comprehension are not bound at top level; an import of a name
+    the grader has too is how a learner reaches it, not a shadow."""
+    tree = _parse(source)
+    names: set[str] = set()
+
+    def visit(node: ast.AST, top: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if top:
+                names.add(node.name)
+            for child in ast.walk(node):  # `global x` in a body binds the cell's x
+                if isinstance(child, ast.Global):
+                    names.update(child.names)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            top = False  # their own scope (a walrus inside still binds outside: below)
+        if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif top and isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif top and isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif top and isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        for child in ast.iter_child_nodes(node):
+            visit(child, top)
+
+    if tree is not None:
+        visit(tree, True)
+    return names
+
+
+#: Logged (and read by cohort grading) when a submission binds a name the tests take from the grader.
+SHADOWED = "rebinds names the tests take from the grader, not from it"
 
 
 def _used_names(source: str) -> set[str]:
@@ -441,7 +480,12 @@ class TrustedExecute(Execute):
         self._grader: Grader | None = None
         self._trusted_ns: dict[str, Any] | None = None
         self._learner_names: set[str] = set()
-        return super().preprocess(nb, resources, km)
+        self._bound: set[str] = set()  # what the submission's answer cells bind
+        nb, resources = super().preprocess(nb, resources, km)
+        shadowed = sorted(self._bound & (set(self._trusted_ns or ()) | set(dir(builtins))) - self._learner_names)
+        if shadowed:
+            self.log.warning("%s: %s", SHADOWED, ", ".join(shadowed)[:500])
+        return nb, resources
 
     def create_kernel_manager(self) -> AsyncKernelManager:
         km = super().create_kernel_manager()
@@ -459,8 +503,8 @@ class TrustedExecute(Execute):
         meta = _meta(cell)
         if meta.get("grade") and not meta.get("solution"):
             return self._judge(cell)
-        if meta.get("solution"):
-            self._learner_names |= _defined_names(cell.source)
+        if meta.get("solution"):  # the tests take from it only the exercise's names (the instructor's answers)
+            self._bound |= _bound_names(cell.source)
         return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
 
     async def _start_grader(self) -> None:
