@@ -143,3 +143,30 @@ def test_an_object_from_a_kernel_gets_its_data_fields_and_nothing_that_hides_its
         channel.Decoder()({"o": "specdec.models.model:Llama", "state": [], "id": 0})
     # the grader's own messages still build what it sends (the kernel's decoder trusts its sender)
     assert channel.Decoder(trusted_sender=True)({"fn": "specdec.sampling:sample"}).__name__ == "sample"
+
+
+def test_every_way_a_cell_binds_a_top_level_name_is_seen_and_locals_are_not():
+    from specdec.course.trusted import _bound_names
+
+    cell = """
+import torch
+from specdec.checks import expect_equal
+def count_params(config):
+    sum = 0
+    for layer in range(3):
+        sum += layer
+    return sum
+checks, x = 1, 2
+for expect_close in []: pass
+with open('/dev/null') as CheckFailure: pass
+if (compare_frequencies := 3): pass
+ys = [z for z in range(3)]
+def helper():
+    global MODELS
+    MODELS = 1
+try: pass
+except Exception as len: pass
+del print
+"""
+    assert _bound_names(cell) == {"count_params", "checks", "x", "expect_close", "CheckFailure", "compare_frequencies",
+                                  "ys", "helper", "MODELS", "len", "print"}
