@@ -14,11 +14,15 @@ are reported, a deleted test cell is restored from the course, graded cells move
 are put back in the course's order, a notebook of another assignment is refused, and code that
 looks like tampering with the checks, or an answer that calls the ``specdec`` reference it is meant to
 implement, is flagged for review. Every such event goes into the
-report with the student's name.
+report with the student's name. One submission never costs the cohort: a notebook that is a folder, a
+named pipe, a device or over NOTEBOOK_LIMIT is refused unopened, malformed nbgrader metadata is refused,
+and whatever else goes wrong with one submission becomes its own "not graded: why" row.
 
 Writes to --out: ``grades.csv`` (one row per student, assignment and graded cell),
 ``totals.csv`` (one row per student and assignment), ``summary.json`` (mean and distribution per
-exercise), ``report.txt`` (every message) and ``feedback/<student>/<assignment>.html``.
+exercise), ``report.txt`` (every message) and ``feedback/<student>/<assignment>.html``. What a submission
+controls is written inert (``specdec.course.inert``): names, messages and quoted lines with their control
+characters escaped and their length capped, and the feedback HTML without scripts, handlers or active content.
 Exit status 0 when grading ran, whatever the scores; 2 when it could not start.
 
 A cohort too big for one machine runs as shards on a cluster scheduler (``grader/cluster/``: a Kubernetes
@@ -34,10 +38,13 @@ import argparse
 import ast
 import csv
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import sys
@@ -61,7 +68,8 @@ from specdec.course.driver import (
     read_grades,
     source_notebook,
 )
-from specdec.course.grading import read_submission
+from specdec.course.grading import parse_submission
+from specdec.course.inert import cap, csv_cell, sanitise_html, visible
 from specdec.course.reference_calls import parse_cell, reference_calls
 from specdec.course.trusted import SHADOWED
 from specdec.course.withheld import WITHHELD
@@ -88,33 +96,144 @@ class Submission:
     needs_review: bool = False  # the sandbox or the grader saw something a score cannot show: held for review
     graded: bool = False
     seconds: float = 0.0
+    refused: str = ""  # why it cannot be graded, found before grading (its folder holds no notebook, say)
+
+
+#: Most bytes a submitted notebook may have: a bigger file is refused unread (the course's notebooks, outputs
+#: included, are a few MB).
+NOTEBOOK_LIMIT = 50 * 2**20
+MESSAGE_LIMIT = 2000  # characters kept of one message (a check's, an exception's, the grader's)
+NAME_LIMIT = 1024  # characters of a name in the results (a folder name has at most 255 bytes: escaped, 1,020)
+LINE_LIMIT = 4000  # characters of one line of report.txt or the console
+MESSAGES_LIMIT = 20_000  # characters of totals.csv's messages (the csv module reads fields of up to 131,072)
+FEEDBACK_LIMIT = 64 * 2**20  # bytes of feedback HTML sanitised and kept
+
+
+def _folders(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir())
 
 
 def find_submissions(root: Path, known: list[str]) -> tuple[list[Submission], list[str]]:
-    """The submissions under root (student/assignment/notebook.ipynb), and what could not be used."""
+    """The submissions under root (student/assignment/notebook.ipynb), and what could not be used. A folder of an
+    assignment whose notebook cannot be picked out is a submission too, refused (its row says why)."""
     found, problems = [], []
-    for student_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir()):
+    for student_dir in _folders(root):
+        try:
+            assignment_dirs = _folders(student_dir)
+        except OSError as err:
+            problems.append(f"{student_dir.name}: the folder cannot be read ({err.strerror})")
+            continue
+        for assignment_dir in assignment_dirs:
             where = f"{student_dir.name}/{assignment_dir.name}"
             if assignment_dir.name not in known:
                 problems.append(f"{where}: {assignment_dir.name!r} is not an assignment of this course")
                 continue
-            notebooks = sorted(p for p in assignment_dir.glob("*.ipynb") if not p.name.startswith("."))
             expected = assignment_dir / f"{assignment_dir.name}.ipynb"
+            try:
+                notebooks = sorted(p for p in assignment_dir.glob("*.ipynb") if not p.name.startswith("."))
+            except OSError as err:
+                found.append(Submission(student_dir.name, assignment_dir.name, expected,
+                                        refused=f"the folder cannot be read ({err.strerror})"))
+                continue
             path = expected if expected in notebooks else notebooks[0] if len(notebooks) == 1 else None
             if path is None:
-                problems.append(f"{where}: expected {expected.name}, found "
-                                f"{[p.name for p in notebooks] or 'no notebook'}")
+                names = [p.name for p in notebooks[:20]] + ([f"and {len(notebooks) - 20} more"] if len(notebooks) > 20 else [])
+                found.append(Submission(student_dir.name, assignment_dir.name, expected,
+                                        refused=f"expected {expected.name}, found {names or 'no notebook'}"))
                 continue
             found.append(Submission(student_dir.name, assignment_dir.name, path))
     return found, problems
 
 
+def _file_kind(mode: int) -> str | None:
+    """None for a regular file, else what it is."""
+    for test, kind in ((stat.S_ISREG, None), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISLNK, "a link")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """The submitted notebook, read only when it is a regular file of at most NOTEBOOK_LIMIT bytes: a named pipe
+    would block the grader for ever, a device or a huge file fill its memory. ValueError says why not."""
+    def refuse(why: str):
+        raise ValueError(f"{path.name} {why}")
+
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        refuse(f"cannot be read ({err.strerror})")
+    kind = _file_kind(info.st_mode)
+    if kind:
+        refuse(f"is {kind}, not a notebook file")
+    too_big = (f"has more than the {NOTEBOOK_LIMIT // 2**20} MB a notebook may have ({{:,.0f}} MB): clear its "
+               "outputs (Kernel > Restart and clear outputs) and submit it again")
+    if info.st_size > NOTEBOOK_LIMIT:
+        refuse(too_big.format(info.st_size / 2**20))
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:  # what was checked is what is opened: no link followed, no pipe waited on, no regular file swapped in
+        fd = os.open(path, flags)
+    except OSError as err:
+        refuse(f"cannot be read ({err.strerror})")
+    with os.fdopen(fd, "rb") as f:
+        kind = _file_kind(os.fstat(f.fileno()).st_mode)
+        if kind:
+            refuse(f"is {kind}, not a notebook file")
+        data = f.read(NOTEBOOK_LIMIT + 1)
+    if len(data) > NOTEBOOK_LIMIT:
+        refuse(too_big.format(len(data) / 2**20))
+    return parse_submission(path.name, data)
+
+
 # -- repairs and flags before grading --------------------------------------------------------------------------
 
 
+def _nbgrader(cell) -> dict:
+    """A cell's nbgrader metadata; {} when it has none (or none that is an object: see malformed)."""
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    found = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 def _grade_id(cell) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    gid = _nbgrader(cell).get("grade_id")
+    return gid if isinstance(gid, str) and gid else None
+
+
+def _json_kind(value) -> str:
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "true or false"), ((int, float), "a number"), (str, "text"), (list, "a list"),
+                       (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def malformed(nb) -> str | None:
+    """Why the notebook's nbgrader metadata cannot be graded (a cell's is null or not an object, a grade_id that
+    is not text, a flag that is not true or false, points that are not a number), or None."""
+    for index, cell in enumerate(nb.cells, 1):
+        meta = cell.get("metadata")
+        if not isinstance(meta, dict):
+            return f"cell {index}'s metadata is {_json_kind(meta)}, not an object"
+        if "nbgrader" not in meta:
+            continue
+        found = meta["nbgrader"]
+        restore = "(was the notebook edited outside Jupyter?): restore the cell from the released notebook"
+        if not isinstance(found, dict):
+            return f"cell {index}'s nbgrader metadata is {_json_kind(found)}, not an object {restore}"
+        if "grade_id" in found and not isinstance(found["grade_id"], str):
+            return f"cell {index}'s nbgrader grade_id is {_json_kind(found['grade_id'])}, not text {restore}"
+        for flag in ("grade", "solution", "locked", "task"):
+            if flag in found and not isinstance(found[flag], bool):
+                return f"cell {index}'s nbgrader {flag!r} is {_json_kind(found[flag])}, not true or false {restore}"
+        points = found.get("points")
+        if "points" in found and (isinstance(points, bool) or not isinstance(points, (int, float))):
+            return f"cell {index}'s nbgrader points are {_json_kind(points)}, not a number {restore}"
+    return None
 
 
 def course_ids() -> dict[str, set[str]]:
@@ -141,7 +260,7 @@ def repair(nb, released: nbformat.NotebookNode) -> list[str]:
     sub_ids = [g for g in map(_grade_id, nb.cells) if g]
     done, restored = [], {}
     for cell in released.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = _nbgrader(cell)
         if meta.get("locked") and meta.get("grade_id") not in sub_ids:
             restored[meta["grade_id"]] = cell
             done.append(f"cell {meta['grade_id']} was deleted: restored from the course")
@@ -179,7 +298,7 @@ def tampering(nb) -> list[str]:
     """Lines of the learner's code cells that could fake the checks or write outside the notebook."""
     found = []
     for index, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = _nbgrader(cell)
         if cell.cell_type != "code" or meta.get("locked"):
             continue
         tree = parse_cell(cell.source)
@@ -215,8 +334,10 @@ def tampering(nb) -> list[str]:
                                             any(m in a.value for m in "wax+") for a in node.args[1:2]):
                     why = "opens a file for writing"
             if why:
-                line = cell.source.splitlines()[node.lineno - 1].strip() if hasattr(node, "lineno") else ""
-                found.append(f"cell {index + 1} ({meta.get('grade_id', 'not graded')}), line "
+                lines = re.split(r"\r\n|\r|\n", cell.source)  # Python's line breaks (splitlines has more)
+                number = getattr(node, "lineno", 0)
+                line = lines[number - 1].strip() if 0 < number <= len(lines) else ""
+                found.append(f"cell {index + 1} ({_grade_id(cell) or 'not graded'}), line "
                              f"{getattr(node, 'lineno', '?')}: {why}: {line[:100]}")
     return found
 
@@ -228,13 +349,19 @@ def cut_long_outputs(path: Path) -> int:
     """Shorten every text output longer than OUTPUT_LIMIT in an autograded notebook; characters removed."""
     nb = json.loads(path.read_text())
     removed = 0
-    for cell in nb.get("cells", []):
-        for output in cell.get("outputs", []):
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    for cell in cells if isinstance(cells, list) else []:  # the kernel wrote the outputs: any shape
+        outputs = cell.get("outputs") if isinstance(cell, dict) else None
+        for output in outputs if isinstance(outputs, list) else []:
+            if not isinstance(output, dict):
+                continue
+            data = output.get("data")
             fields = [("text", output)] if "text" in output else []
-            fields += [(k, output["data"]) for k in ("text/plain", "text/html") if k in output.get("data", {})]
+            fields += [(k, data) for k in ("text/plain", "text/html") if isinstance(data, dict) and k in data]
             for key, holder in fields:
-                text = "".join(holder[key]) if isinstance(holder[key], list) else holder[key]
-                if len(text) > OUTPUT_LIMIT:
+                text = holder[key]
+                text = "".join(t for t in text if isinstance(t, str)) if isinstance(text, list) else text
+                if isinstance(text, str) and len(text) > OUTPUT_LIMIT:
                     removed += len(text) - OUTPUT_LIMIT
                     holder[key] = text[:OUTPUT_LIMIT] + f"\n[... {len(text) - OUTPUT_LIMIT:,} characters cut by the grader]\n"
     if removed:
@@ -325,24 +452,69 @@ def _held(sub: Submission, log: str, autograded: Path) -> None:
             break
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def grader_id(student: str) -> str:
+    """The name nbgrader knows the student by in the submission's own scratch course: the folder's name when it is a
+    plain one (letters, digits, ``. _ -``, at most 64), else a stable stand-in. (nbgrader's gradebook cannot store a
+    name that is not UTF-8, a 250-character name makes a scratch folder's name too long, and nbgrader reads ``*`` in
+    --student as a pattern.) Each scratch course holds one student; the results keep the folder's name."""
+    if _PLAIN_NAME.fullmatch(student):
+        return student
+    return "student-" + hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def publish_feedback(html: Path, target: Path) -> None:
+    """nbgrader's feedback page, made inert (specdec.course.inert.sanitise_html), at ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    size = html.stat().st_size
+    if size > FEEDBACK_LIMIT:
+        page = (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>feedback</title></head><body><p>The "
+                f"feedback page was {size / 2**20:,.0f} MB, over the {FEEDBACK_LIMIT // 2**20} MB the grader keeps: "
+                "the scores are in grades.csv.</p></body></html>")
+    else:
+        page = sanitise_html(html.read_text(encoding="utf-8", errors="replace"))
+    target.write_text(page, encoding="utf-8")
+
+
 def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.NotebookNode], out: Path,
               limits: Limits, protect: list[Path], scratch_root: Path, distinctive: dict[str, set[str]],
               builds: dict[str, Path] | None = None) -> Submission:
+    """Grade one submission. Whatever goes wrong with it is its own row ("not graded: why"), never an exception
+    that stops the cohort."""
     start = time.perf_counter()
+    try:
+        _grade(sub, template, release, out, limits, protect, scratch_root, distinctive, builds or {})
+    except Exception as err:  # a submission the checks above did not foresee: it alone is not graded
+        sub.grades, sub.graded = [], False
+        sub.messages.append(f"not graded: the grader failed on this submission ({type(err).__name__}: "
+                            f"{cap(str(err), 300)}); an instructor should look at it")
+    sub.messages = [cap(m, MESSAGE_LIMIT) for m in sub.messages]
+    sub.grades = [dataclasses.replace(g, message=cap(g.message, MESSAGE_LIMIT)) for g in sub.grades]
+    sub.seconds = time.perf_counter() - start
+    return sub
+
+
+def _grade(sub: Submission, template: Path, release: dict[str, nbformat.NotebookNode], out: Path, limits: Limits,
+           protect: list[Path], scratch_root: Path, distinctive: dict[str, set[str]], builds: dict[str, Path]) -> None:
+    if sub.refused:
+        sub.messages.append(f"not graded: {sub.refused}")
+        return
     if sub.path.is_symlink() or any(p.is_symlink() for p in sub.path.parents if p != p.parent):
         sub.messages.append(f"not graded: {sub.path.name} is a link (to {os.path.realpath(sub.path)}); submit the "
                             "notebook itself")
         sub.needs_review = True
-        return sub
+        return
     try:
-        nb = read_submission(sub.path)
+        nb = read_notebook(sub.path)
     except ValueError as err:
-        sub.messages.append(str(err))
-        return sub
-    wrong = identify(nb, sub.assignment, distinctive)
+        sub.messages.append(f"not graded: {err}")
+        return
+    wrong = malformed(nb) or identify(nb, sub.assignment, distinctive)
     if wrong:
         sub.messages.append(f"not graded: {wrong}")
-        return sub
+        return
     sub.messages += repair(nb, release[sub.assignment])
     flags = tampering(nb)
     if flags:
@@ -352,19 +524,30 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
     if copied:
         sub.flagged = True
         sub.messages += [f"flagged for review: calls the reference: {note}" for note in copied]
-    scratch = Path(tempfile.mkdtemp(prefix=f"{sub.student}-", dir=scratch_root))
+    student = grader_id(sub.student)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{student}-", dir=scratch_root))
+    try:
+        _autograde(sub, student, nb, scratch, template, out, limits, protect, builds)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch: Path, template: Path, out: Path,
+               limits: Limits, protect: list[Path], builds: dict[str, Path]) -> None:
+    """nbgrader's autograde and feedback of ``nb`` as ``student`` in a scratch course of its own."""
     course = scratch / "course"
     shutil.copytree(template, course)
-    dest = course / "submitted" / sub.student / sub.assignment / f"{sub.assignment}.ipynb"
+    dest = course / "submitted" / student / sub.assignment / f"{sub.assignment}.ipynb"
     dest.parent.mkdir(parents=True)
     nbformat.write(nb, dest)
     env = _private_env(scratch)
     if limits.sandbox:
         env["SPECDEC_SANDBOX"] = str(_sandbox_settings(scratch, course, sub.assignment, builds[sub.assignment], limits))
-    cmd = [sys.executable, "-m", "nbgrader", "autograde", sub.assignment, f"--student={sub.student}", "--force",
+    cmd = [sys.executable, "-m", "nbgrader", "autograde", sub.assignment, f"--student={student}", "--force",
            f"--CourseDirectory.root={course}", f"--Execute.timeout={int(limits.cell_timeout_s)}"]
     proc = subprocess.Popen(_contained(cmd, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, process_group=0)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            process_group=0)
     try:
         log, _ = proc.communicate(timeout=limits.timeout_s)
     except subprocess.TimeoutExpired:
@@ -372,7 +555,8 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
         log, _ = proc.communicate()
         sub.messages.append(f"stopped after {limits.timeout_s:g} s: the notebook ran past the time limit for a whole "
                             f"notebook (look for a loop that never ends)")
-    autograded = course / "autograded" / sub.student / sub.assignment / f"{sub.assignment}.ipynb"
+    log = log or ""
+    autograded = course / "autograded" / student / sub.assignment / f"{sub.assignment}.ipynb"
     if "DeadKernelError" in log or "kernel died" in log.lower():
         sub.messages.append("the Python kernel died while running the notebook (os._exit, a crash, or running out "
                             f"of the {limits.memory_mb} MB memory limit); nbgrader then scores the whole notebook 0: "
@@ -385,25 +569,24 @@ def grade_one(sub: Submission, template: Path, release: dict[str, nbformat.Noteb
             sub.messages.append(f"printed too much: {cut / 1e6:.1f} MB of output cut from the feedback (each output "
                                 f"keeps its first {OUTPUT_LIMIT // 1000} kB; the scores are unaffected)")
     try:
-        sub.grades = read_grades(course, sub.assignment, sub.student, limits.cell_timeout_s)
+        sub.grades = read_grades(course, sub.assignment, student, limits.cell_timeout_s)
         sub.graded = True
     except Exception:  # no gradebook entry: autograde never got to record this submission
         sub.messages.append("nbgrader could not grade this notebook; its log: "
                             + " | ".join(line for line in log.splitlines()[-5:] if line.strip())[:400])
-    if sub.graded and autograded.exists():
+    if not (sub.graded and autograded.exists()):
+        return
+    try:  # the grades stand whatever happens to the feedback
         hide_check_frames(autograded)
-        feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={sub.student}",
+        feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={student}",
                     "--force", f"--CourseDirectory.root={course}"]
         subprocess.run(_contained(feedback, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
                        capture_output=True, timeout=300, process_group=0)
-        html = course / "feedback" / sub.student / sub.assignment / f"{sub.assignment}.html"
+        html = course / "feedback" / student / sub.assignment / f"{sub.assignment}.html"
         if html.exists():
-            target = out / "feedback" / sub.student / f"{sub.assignment}.html"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(html, target)
-    shutil.rmtree(scratch, ignore_errors=True)
-    sub.seconds = time.perf_counter() - start
-    return sub
+            publish_feedback(html, out / "feedback" / sub.student / f"{sub.assignment}.html")
+    except Exception as err:
+        sub.messages.append(f"no feedback written: {type(err).__name__}: {cap(str(err), 300)}")
 
 
 # -- the whole cohort --------------------------------------------------------------------------------------------
@@ -448,29 +631,38 @@ def summarise(subs: list[Submission]) -> dict:
     return out
 
 
+def _first_line(text: str) -> str:
+    return (text.splitlines() or [""])[0]
+
+
 def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> None:
+    """The four result files. Every name, message and quoted line in them is the submission's to choose: each is
+    written with its control characters escaped and its length capped (specdec.course.inert), and in the CSVs a
+    leading spreadsheet formula character neutralised."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "grades.csv", "w", newline="") as f:
+    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", "exercise", "score", "max_score", "status", "message"])
         for s in subs:
             for g in s.grades:
                 status = "manual" if g.written else "needs_review" if s.needs_review else "auto"
-                writer.writerow([s.student, s.assignment, g.grade_id.removesuffix("_test"), f"{g.score:g}",
-                                 f"{g.max_score:g}", status, g.message.splitlines()[0] if g.message else ""])
-    with open(out / "totals.csv", "w", newline="") as f:
+                writer.writerow([csv_cell(s.student, NAME_LIMIT), csv_cell(s.assignment, NAME_LIMIT),
+                                 csv_cell(g.grade_id.removesuffix("_test"), NAME_LIMIT), f"{g.score:g}",
+                                 f"{g.max_score:g}", status, csv_cell(_first_line(g.message), MESSAGE_LIMIT)])
+    with open(out / "totals.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", "graded", "score", "max_score", "written_points_to_grade",
                          "flagged", "needs_review", "seconds", "messages"])
         for s in subs:
             auto = [g for g in s.grades if not g.written]
-            writer.writerow([s.student, s.assignment, s.graded, f"{sum(g.score for g in auto):g}",
-                             f"{sum(g.max_score for g in auto):g}", f"{sum(g.max_score for g in s.grades if g.written):g}",
-                             s.flagged, s.needs_review, f"{s.seconds:.1f}", " | ".join(s.messages)])
+            writer.writerow([csv_cell(s.student, NAME_LIMIT), csv_cell(s.assignment, NAME_LIMIT), s.graded,
+                             f"{sum(g.score for g in auto):g}", f"{sum(g.max_score for g in auto):g}",
+                             f"{sum(g.max_score for g in s.grades if g.written):g}", s.flagged, s.needs_review,
+                             f"{s.seconds:.1f}", csv_cell(" | ".join(s.messages), MESSAGES_LIMIT)])
     (out / "summary.json").write_text(json.dumps(summarise(subs), indent=1))
-    lines = [f"{p}" for p in problems]
-    lines += [f"{s.student}/{s.assignment}: {m}" for s in subs for m in s.messages]
-    (out / "report.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+    lines = [visible(p, LINE_LIMIT) for p in problems]
+    lines += [visible(f"{s.student}/{s.assignment}: {m}", LINE_LIMIT) for s in subs for m in s.messages]
+    (out / "report.txt").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
 
 
 # -- shards: one cohort over several machines --------------------------------------------------------------------
@@ -489,7 +681,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def shard_of(student: str, shards: int) -> int:
     """The shard that grades ``student``: a hash of the name, the same on every machine and Python."""
-    return zlib.crc32(student.encode("utf-8")) % shards
+    return zlib.crc32(student.encode("utf-8", "surrogateescape")) % shards  # a name that is not UTF-8: its bytes
 
 
 def _problem_student(problem: str) -> str:
@@ -647,8 +839,9 @@ def main(argv: list[str] | None = None) -> int:
                 total = sum(g.score for g in s.grades if not g.written)
                 status = f"{total:g} / {sum(g.max_score for g in s.grades if not g.written):g}" if s.graded else "not graded"
                 marks = (" (flagged)" if s.flagged else "") + (" (held)" if s.needs_review else "")
-                first = f"; {s.messages[0]}" if s.messages else ""
-                say(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}{first}", flush=True)
+                first = f"; {s.messages[0].removeprefix('not graded: ')}" if s.messages else ""
+                say(visible(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}{first}", LINE_LIMIT),
+                    flush=True)
     write_outputs(subs, problems, args.out)
     if args.shard:
         write_shard(subs, problems, args.shard, args.out)
@@ -656,7 +849,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"graded {sum(s.graded for s in subs)} of {len(subs)} submissions in {wall:.0f} s "
           f"({wall / len(subs):.1f} s per notebook); results in {args.out}/")
     for p in problems:
-        say(f"skipped {p}")
+        say(visible(f"skipped {p}", LINE_LIMIT))
     return 0
 
 

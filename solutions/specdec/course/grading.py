@@ -75,21 +75,32 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
         raise ValueError(f"{path.name}: file not found at {path}")
     try:
         text = path.read_text(encoding="utf-8")
-        json.loads(text)
     except UnicodeDecodeError:
         raise ValueError(f"{path.name} is not a notebook: it is not UTF-8 text") from None
+    return parse_submission(path.name, text)
+
+
+def parse_submission(name: str, text: str | bytes) -> nbformat.NotebookNode:
+    """Validate the text of a learner's notebook called ``name``; raise ValueError with a readable reason."""
+    try:
+        text = text.decode("utf-8") if isinstance(text, bytes) else text
+        json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not a notebook: it is not UTF-8 text") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path.name} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+        raise ValueError(f"{name} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
                          "restore it from a checkpoint or from git") from None
+    except RecursionError:
+        raise ValueError(f"{name} is not a notebook: its JSON is nested too deeply to read") from None
     try:
         nb = nbformat.reads(text, as_version=4)
     except Exception as err:  # nbformat raises many kinds on malformed input
         reason = (str(err).splitlines() or [type(err).__name__])[0][:200]
-        raise ValueError(f"{path.name} is not a notebook: {reason}") from None
+        raise ValueError(f"{name} is not a notebook: {reason}") from None
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as err:
-        raise ValueError(f"{path.name} is not a valid notebook: {err.message[:200]}") from None
+        raise ValueError(f"{name} is not a valid notebook: {err.message[:200]}") from None
     return nb
 
 

@@ -510,7 +510,10 @@ class TrustedExecute(Execute):
     async def _start_grader(self) -> None:
         helper = {"cell_type": "code", "source": "from specdec.course import kernel_side as __specdec_grader__",
                   "metadata": {}, "outputs": [], "execution_count": None}
+        last = self.nb.cells[-1] if self.nb.cells else None
         await super().async_execute_cell(nbformat.from_dict(helper), -1, store_history=False)
+        if last is not None:  # nbclient stores the cell it ran at the index it was given: the notebook's last
+            self.nb.cells[-1] = last
         def alive() -> bool:
             process = getattr(getattr(self.km, "provisioner", None), "process", None)
             return process is not None and process.poll() is None
