@@ -86,3 +86,16 @@ except CheckFailure as failure:
 """
     done = _python(code, tmp_path)
     assert done.stdout.strip() == "caught: True", done.stderr[-2000:]
+
+
+def test_every_drill_question_is_drawn_without_triton(tmp_path):
+    """The mock interview of notebook 10 draws questions at random; one about the race once imported the kernels."""
+    code = """
+from specdec.drill import REGISTRY
+for name, template in REGISTRY.items():
+    for seed in range(3):
+        template.question(seed)
+print(len(REGISTRY))
+"""
+    done = _python(code, tmp_path)
+    assert done.returncode == 0 and int(done.stdout.split()[-1]) > 50, done.stderr[-2000:]
