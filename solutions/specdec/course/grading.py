@@ -73,11 +73,7 @@ def read_submission(path: Path) -> nbformat.NotebookNode:
     """Read and validate a learner's notebook; raise ValueError with a readable reason."""
     if not path.exists():
         raise ValueError(f"{path.name}: file not found at {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path.name} is not a notebook: it is not UTF-8 text") from None
-    return parse_submission(path.name, text)
+    return parse_submission(path.name, path.read_bytes())  # it says when the bytes are not UTF-8
 
 
 def parse_submission(name: str, text: str | bytes) -> nbformat.NotebookNode:
