@@ -15,11 +15,11 @@ import nbformat
 import pytest
 
 from conftest import SLUGS, background_job, background_result, read, source_path, student_path
-from specdec.course import cohort, sandbox
+from specdec.course import boxes, cohort
 from specdec.paths import REPO_ROOT
 
 SLUG = "02_greedy_verify"
-UNSAFE = [] if sandbox.available() is None else ["--unsafe-no-sandbox"]  # where bubblewrap is missing: unsandboxed
+UNSAFE = [] if boxes.missing() is None else ["--unsafe-no-sandbox"]  # where bubblewrap is missing: unsandboxed
 FULL = 10.0  # notebook 02's points
 
 

@@ -7,21 +7,20 @@ from __future__ import annotations
 import copy
 import csv
 import os
-import subprocess
 import time
 
 import nbformat
 import pytest
 
 from conftest import background_job, background_result, read, source_path, student_path
-from specdec.course import cohort, sandbox
+from specdec.course import boxes, cohort, sandbox
 
 SLUG = "01_cost_ledger"
 FULL = 10.0
 MARKER = "/tmp/specdec-attack-survivor"  # written on the host only if a survivor escaped its sandbox
 
 pytestmark = [pytest.mark.pipeline,
-              pytest.mark.skipif(sandbox.available() is not None, reason=f"no sandbox: {sandbox.available()}")]
+              pytest.mark.skipif(boxes.missing() is not None, reason=f"no sandbox: {boxes.missing()}")]
 
 
 def _first_answer(nb):
@@ -128,6 +127,19 @@ ATTACKS = {
 HONEST = {f"honest_{n}": (read(source_path(SLUG)), FULL) for n in range(3)} | {"honest_blank": (read(student_path(SLUG)), 0)}
 
 
+def _sandboxed_processes() -> list[str]:
+    """Processes of a grader's uid (specdec.course.boxes.UID_BASE and up) or of nobody, the kernels' uid inside."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except FileNotFoundError:
+            continue
+        if uid >= boxes.UID_BASE or uid == sandbox.UID:
+            found.append(f"{pid} (uid {uid})")
+    return found
+
+
 @background_job("attacked")
 def _grade_attacks(root):
     submitted, out = root / "submitted", root / "out"
@@ -143,7 +155,7 @@ def _grade_attacks(root):
                         "--timeout", "300", "--quiet"]) == 0
     seconds = time.perf_counter() - start
     time.sleep(1)
-    survivors = subprocess.run(["pgrep", "-u", str(sandbox.UID)], capture_output=True, text=True).stdout.split()
+    survivors = _sandboxed_processes()
     totals = {row["student"]: row for row in csv.DictReader(open(out / "totals.csv"))}
     return totals, out, survivors, seconds
 

@@ -29,11 +29,11 @@ import nbformat
 import pytest
 
 from conftest import background_job, background_result, read, student_path
-from specdec.course import cohort, driver, sandbox
+from specdec.course import boxes, cohort, driver
 from specdec.course.driver import CellGrade
 
 SLUG = "01_cost_ledger"  # the blank student notebook scores 0 but grades fine
-UNSAFE = [] if sandbox.available() is None else ["--unsafe-no-sandbox"]
+UNSAFE = [] if boxes.missing() is None else ["--unsafe-no-sandbox"]
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 HUGE = "HUGE-MESSAGE"  # a notebook holding this gets a 26 MB message from the fake gradebook
 

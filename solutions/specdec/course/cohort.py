@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -57,7 +58,7 @@ from pathlib import Path
 
 import nbformat
 
-from specdec.course import sandbox
+from specdec.course import boxes, sandbox
 from specdec.course.driver import (
     CellGrade,
     assignments,
@@ -97,6 +98,7 @@ class Submission:
     graded: bool = False
     seconds: float = 0.0
     refused: str = ""  # why it cannot be graded, found before grading (its folder holds no notebook, say)
+    index: int = 0  # its place in the run: its grader's uid (specdec.course.boxes.grader_uid)
 
 
 #: Most bytes a submitted notebook may have: a bigger file is refused unread (the course's notebooks, outputs
@@ -536,27 +538,49 @@ def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch
                limits: Limits, protect: list[Path], builds: dict[str, Path]) -> None:
     """nbgrader's autograde and feedback of ``nb`` as ``student`` in a scratch course of its own."""
     course = scratch / "course"
-    shutil.copytree(template, course)
+    shutil.copytree(template / sub.assignment, course)
     dest = course / "submitted" / student / sub.assignment / f"{sub.assignment}.ipynb"
     dest.parent.mkdir(parents=True)
     nbformat.write(nb, dest)
     env = _private_env(scratch)
+    tree = None
     if limits.sandbox:
         env["SPECDEC_SANDBOX"] = str(_sandbox_settings(scratch, course, sub.assignment, builds[sub.assignment], limits))
+        uid = boxes.grader_uid(sub.index)
+        boxes.give(scratch, uid)
+        tree = boxes.Tree(scratch.name, limits.memory_mb, TREE_PROCESSES)
+
+        def contained(cmd: list[str]) -> list[str]:
+            boxed = boxes.command(uid, scratch, builds[sub.assignment], sub.assignment, cmd, env)
+            return [sys.executable, "-c", _JOIN, json.dumps(tree.procs_files()), *boxed]
+    else:
+        def contained(cmd: list[str]) -> list[str]:
+            return _contained(cmd, limits.memory_mb, protect, scratch, limits.isolate)
+    try:
+        _run_graders(sub, student, course, scratch, out, limits, env, contained, tree)
+    finally:
+        if tree is not None:
+            tree.remove()  # whatever the submission started dies with its grading
+
+
+def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out: Path, limits: Limits,
+                 env: dict[str, str], contained, tree: boxes.Tree | None) -> None:
     cmd = [sys.executable, "-m", "nbgrader", "autograde", sub.assignment, f"--student={student}", "--force",
            f"--CourseDirectory.root={course}", f"--Execute.timeout={int(limits.cell_timeout_s)}"]
-    proc = subprocess.Popen(_contained(cmd, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            process_group=0)
-    try:
-        log, _ = proc.communicate(timeout=limits.timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the kernel too: it is in the same process group
-        log, _ = proc.communicate()
-        sub.messages.append(f"stopped after {limits.timeout_s:g} s: the notebook ran past the time limit for a whole "
-                            f"notebook (look for a loop that never ends)")
-    log = log or ""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log_file:  # out of the grader's reach
+        proc = subprocess.Popen(contained(cmd), cwd=course, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                process_group=0)
+        stopped = _watch(proc, tree, limits)
+        if stopped:
+            sub.messages.append(stopped)
+        log_file.seek(0)
+        log = log_file.read(LOG_LIMIT)
+    if tree is not None and tree.out_of_memory():
+        sub.messages.append(f"ran out of memory: the submission's processes together passed the {limits.memory_mb} MB "
+                            "limit and one was killed (look for a tensor or a list that grows without end)")
     autograded = course / "autograded" / student / sub.assignment / f"{sub.assignment}.ipynb"
+    if autograded.is_symlink():
+        autograded.unlink()
     if "DeadKernelError" in log or "kernel died" in log.lower():
         sub.messages.append("the Python kernel died while running the notebook (os._exit, a crash, or running out "
                             f"of the {limits.memory_mb} MB memory limit); nbgrader then scores the whole notebook 0: "
@@ -580,13 +604,53 @@ def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch
         hide_check_frames(autograded)
         feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={student}",
                     "--force", f"--CourseDirectory.root={course}"]
-        subprocess.run(_contained(feedback, limits.memory_mb, protect, scratch, limits.isolate), cwd=course, env=env,
-                       capture_output=True, timeout=300, process_group=0)
+        subprocess.run(contained(feedback), cwd=course, env=env, capture_output=True, timeout=300, process_group=0)
         html = course / "feedback" / student / sub.assignment / f"{sub.assignment}.html"
-        if html.exists():
+        if html.is_file() and not html.is_symlink():
             publish_feedback(html, out / "feedback" / sub.student / f"{sub.assignment}.html")
     except Exception as err:
         sub.messages.append(f"no feedback written: {type(err).__name__}: {cap(str(err), 300)}")
+
+
+#: Tasks (processes and threads) in one submission's tree: its grader's, its kernel's and what the kernel starts.
+TREE_PROCESSES = 512
+LOG_LIMIT = 4 * 2**20  # characters of the grader's log read back
+
+#: Run by root before a grader's box: join the submission's cgroup (the box and all it starts inherit it), no cores.
+_JOIN = """
+import json, os, resource, sys
+for path in json.loads(sys.argv[1]):
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _watch(proc: subprocess.Popen, tree: boxes.Tree | None, limits: Limits) -> str:
+    """Wait for the grader; stop the submission's whole tree when it passes the wall-clock limit or, summed over
+    every process it started, the CPU limit. Returns why it was stopped, or ''."""
+    deadline = time.monotonic() + limits.timeout_s
+    while True:
+        try:
+            proc.wait(timeout=0.25)
+            return ""
+        except subprocess.TimeoutExpired:
+            pass
+        why = ""
+        if time.monotonic() > deadline:
+            why = (f"stopped after {limits.timeout_s:g} s: the notebook ran past the time limit for a whole notebook "
+                   "(look for a loop that never ends)")
+        elif tree is not None and tree.cpu_seconds() > limits.timeout_s:
+            why = (f"stopped after {limits.timeout_s:g} s of CPU time, summed over every process the submission "
+                   "started (look for processes or threads that keep computing)")
+        if why:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the kernel too: it is in the same process group
+            if tree is not None:
+                tree.kill()
+            proc.wait()
+            return why
 
 
 # -- the whole cohort --------------------------------------------------------------------------------------------
@@ -601,9 +665,11 @@ def _graded_build(root: Path, released: nbformat.NotebookNode) -> Path:
 
 
 def prepare(slugs: list[str], root: Path) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
-    """A course with the assignments generated once (gradebook and released notebooks), to copy per submission."""
-    template = make_course(root / "template", slugs)
-    release = {slug: nbformat.read(generate(template, slug), as_version=4) for slug in slugs}
+    """A course per assignment (its gradebook and released notebook), to copy per submission: ``template/<slug>``.
+    A grader sees its own assignment's hidden tests only."""
+    template = root / "template"
+    release = {slug: nbformat.read(generate(make_course(template / slug, [slug]), slug), as_version=4)
+               for slug in slugs}
     return template, release
 
 
@@ -795,6 +861,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or args.timeout <= 0 or args.cell_timeout <= 0 or args.memory_mb < 512:
         parser.error("--workers >= 1, --timeout > 0, --cell-timeout > 0 and --memory-mb >= 512, please")
     subs, problems = find_submissions(args.submitted, assignments())
+    for index, sub in enumerate(subs):
+        sub.index = index
     if args.shard:
         clear_shard(args.out)
         k, n = args.shard
@@ -815,10 +883,11 @@ def main(argv: list[str] | None = None) -> int:
         scratch_root = Path(tmp)
         template, release = prepare(sorted({s.assignment for s in subs}), scratch_root)
         say(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
-        why_not = "asked for" if args.unsafe_no_sandbox else sandbox.available()
+        why_not = "asked for" if args.unsafe_no_sandbox else boxes.missing()
         if why_not and not args.unsafe_no_sandbox:
-            print(f"cohort: cannot grade untrusted submissions: {why_not}. Install it (apt-get install bubblewrap) "
-                  "or, for submissions you trust, pass --unsafe-no-sandbox", file=sys.stderr)
+            print(f"cohort: cannot grade untrusted submissions: {why_not}. The sandbox needs Linux, root, bubblewrap, "
+                  "util-linux, libseccomp with PyPI's pyseccomp (make setup), and cgroups; for submissions you trust, "
+                  "pass --unsafe-no-sandbox", file=sys.stderr)
             return 2
         limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate(), sandbox=why_not is None)
         if why_not:

@@ -1,28 +1,33 @@
-"""A sandbox per submission for cohort grading, on bubblewrap (Debian's ``bubblewrap``).
+"""The box a learner's kernel runs in for cohort grading, on bubblewrap (Debian's ``bubblewrap``).
 
-A learner's kernel runs as an unprivileged uid (nobody), in its own PID, IPC, UTS, network and cgroup namespaces and a
-mount namespace that holds only: the system's ``/usr`` and ``/etc``, the Python and virtual environment the course
-runs on, the course's ``data/``, a *graded build* of the package (:func:`graded_build`), a private ``/tmp`` and
-``/dev/shm``, and the submission's own folder (writable; it holds the kernel's connection file and sockets). Not the
-repository, ``grader/source``, the gradebook, the other submissions or the results. Limits: CPU seconds, address
-space, processes, open files and file size (``prlimit``). The namespace's first process is bubblewrap's reaper: when
-the kernel goes, or the grader that started it, every process of the submission goes with it.
+The grader that starts it is itself unprivileged (``specdec.course.boxes``), so the kernel's box is made with a user
+namespace: inside it the kernel is uid 65534 (nobody) with no capability outside, in its own PID, IPC, UTS, network,
+cgroup and mount namespaces, unable to make further namespaces (``--disable-userns``), under a seccomp filter on the
+lines of Docker's default profile (:func:`seccomp_filter`: no keyring, ``ptrace``, mounts, ``bpf``, ...). Its mount
+namespace holds only the system's ``/usr`` and ``/etc``, the Python and virtual environment the course runs on, the
+course's ``data/``, a *graded build* of the package (:func:`graded_build`), a private ``/tmp`` and ``/dev/shm`` (tmpfs
+of bounded size), and the submission's own folder (it holds the kernel's sockets). Per-process limits (``prlimit``):
+CPU seconds, address space, processes, open files, file size; limits on the whole tree come from the cgroup the
+grader runs in. The namespace's first process is bubblewrap's reaper: when the kernel goes, or the grader that
+started it, every process of the submission goes with it.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.course.reference_calls import parse
 from specdec.paths import DATA_DIR, REPO_ROOT
 
-UID = 65534  # nobody
+UID = 65534  # nobody, inside the kernel's user namespace
 PACKAGE = REPO_ROOT / "solutions" / "specdec"
 WITHHELD = ("checks", "mistakes")  # what judges a learner, and the wrong answers: never inside the sandbox
 
@@ -46,19 +51,67 @@ class Limits:
     memory_mb: int = 8192
     processes: int = 256
     open_files: int = 512
-    file_mb: int = 256
+    file_mb: int = 256  # one file, and each of the box's writable folders (/tmp and /dev/shm are tmpfs of this size)
 
 
-def available() -> str | None:
-    """None when a sandbox can start here; else why not."""
+#: What the kernel's seccomp filter refuses (EPERM), after Docker's default profile (moby/moby,
+#: profiles/seccomp/default.json: the calls it allows only with a capability a container does not get): the kernel
+#: keyring (shared by a uid across boxes), tracing and reading other processes, mounts and namespaces, kernel modules
+#: and BPF, clocks, swap, reboot, accounting, NUMA policy, userfaultfd and io_uring. Names an architecture lacks are
+#: skipped; calls of another architecture (i386's int 0x80, x32) kill the caller.
+DENIED = ("add_key", "keyctl", "request_key", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+          "mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns", "open_tree", "move_mount",
+          "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "open_by_handle_at", "name_to_handle_at",
+          "bpf", "perf_event_open", "fanotify_init", "init_module", "finit_module", "delete_module", "create_module",
+          "query_module", "get_kernel_syms", "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct",
+          "quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl", "uselib", "ustat", "sysfs", "_sysctl",
+          "syslog", "vhangup", "iopl", "ioperm", "settimeofday", "stime", "clock_settime", "clock_adjtime",
+          "adjtimex", "personality", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+          "mbind", "set_mempolicy", "move_pages", "vm86", "vm86old")
+#: clone's flags that make a namespace (CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME).
+NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
+
+
+@functools.cache
+def seccomp_filter() -> Path:
+    """The kernel's seccomp filter as compiled BPF (bubblewrap's ``--seccomp``), built once per process with
+    libseccomp (PyPI's ``pyseccomp``). clone3 answers ENOSYS, so the C library falls back to clone, whose flags the
+    filter can read."""
+    import errno
+
+    import pyseccomp as seccomp  # Linux only, and only where cohort grading runs
+
+    rules = seccomp.SyscallFilter(seccomp.ALLOW)
+    arch = seccomp.system_arch()
+    for name in DENIED:
+        if seccomp.resolve_syscall(arch, name) >= 0:
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    for flag in NAMESPACE_FLAGS:
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    if seccomp.resolve_syscall(arch, "clone3") >= 0:
+        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    path = Path(tempfile.mkdtemp(prefix="specdec-seccomp-")) / "kernel.bpf"
+    with open(path, "wb") as f:
+        rules.export_bpf(f)
+    path.chmod(0o644)
+    path.parent.chmod(0o755)
+    return path
+
+
+def missing() -> str | None:
+    """None when a kernel's box can start here; else what is missing."""
     if sys.platform != "linux":
         return "the sandbox needs Linux"
-    for tool in ("bwrap", "setpriv", "prlimit"):
+    for tool in ("bwrap", "prlimit"):
         if not shutil.which(tool):
             return f"{tool} is not installed (apt-get install bubblewrap util-linux)"
+    try:
+        seccomp_filter()
+    except (ImportError, OSError, RuntimeError) as err:
+        return f"no seccomp filter ({type(err).__name__}: {err}; pip install pyseccomp, apt-get install libseccomp2)"
     probe = subprocess.run(command(Path("/tmp"), Path("/tmp"), ["true"], Limits()), capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"bubblewrap could not start a sandbox: {probe.stderr.strip()[:300]}"
+        return f"bubblewrap could not start a box with a user namespace: {probe.stderr.strip()[:300]}"
     return None
 
 
@@ -84,25 +137,33 @@ def graded_build(dest: Path, exercises: set[str]) -> Path:
 
 
 def command(own: Path, build: Path, cmd: list[str], limits: Limits, env: dict[str, str] | None = None) -> list[str]:
-    """``cmd`` inside a sandbox whose only writable folder is ``own`` and whose package is ``build``."""
+    """``cmd`` inside a kernel's box whose only writable folders are ``own`` and its tmpfs, and whose package is
+    ``build``. Run by an unprivileged process (the grader's uid is the box's uid outside); run as root, the box is
+    started as nobody, so that it is never root outside its namespace."""
     python = Path(sys.base_prefix)
     venv = Path(sys.prefix)
-    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-net",
-            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
+    size = str(limits.file_mb * 2**20)
+    args = ["bwrap", "--unshare-user", "--uid", str(UID), "--gid", str(UID), "--disable-userns",
+            "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-net",
+            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
             "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-            "--symlink", "usr/sbin", "/sbin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--tmpfs", "/dev/shm", *_parents(python, venv, DATA_DIR, PACKAGE.parent, own),
+            "--symlink", "usr/sbin", "/sbin", "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", size, "--tmpfs", "/tmp", "--perms", "1777", "--size", size, "--tmpfs",
+            "/dev/shm", *_parents(python, venv, DATA_DIR, PACKAGE.parent, own),
             "--ro-bind", str(python), str(python), "--ro-bind", str(venv), str(venv),
             "--ro-bind", str(DATA_DIR), str(DATA_DIR), "--ro-bind", str(build), str(PACKAGE.parent),
-            "--bind", str(own), str(own), "--chdir", str(own), "--clearenv"]
+            "--bind", str(own), str(own), "--chdir", str(own), "--clearenv", "--seccomp", "3"]
     base = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "MPLCONFIGDIR": "/tmp/mpl",
             "TRITON_CACHE_DIR": "/tmp/triton", "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8"}
     for key, value in {**base, **(env or {})}.items():
         args += ["--setenv", key, value]
-    return [*args, "--", "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--no-new-privs",
-            "prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * 2**20}", f"--nproc={limits.processes}",
-            f"--nofile={limits.open_files}", f"--fsize={limits.file_mb * 2**20}", "--core=0", "--", *cmd]
+    args += ["--", "prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * 2**20}",
+             f"--nproc={limits.processes}", f"--nofile={limits.open_files}", f"--fsize={limits.file_mb * 2**20}",
+             "--core=0", "--", *cmd]
+    as_nobody = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups"] if os.geteuid() == 0 else []
+    # bubblewrap reads the filter from a descriptor: the shell opens it as fd 3 and becomes bubblewrap
+    return [*as_nobody, "/bin/sh", "-c", 'exec "$@" 3<"$0"', str(seccomp_filter()), *args]
 
 
 def _parents(*paths: Path) -> list[str]:
@@ -114,11 +175,3 @@ def _parents(*paths: Path) -> list[str]:
                 made.add(str(parent))
                 args += ["--perms", "0755", "--dir", str(parent)]
     return args
-
-
-def give(path: Path) -> None:
-    """Let the sandbox's uid read and write ``path`` (a folder and what it holds)."""
-    for root, dirs, files in os.walk(path):
-        os.chown(root, UID, UID)
-        for name in files:
-            os.chown(os.path.join(root, name), UID, UID)

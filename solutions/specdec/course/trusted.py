@@ -58,7 +58,6 @@ class SandboxedKernelManager(AsyncKernelManager):
         cmd = super().format_kernel_cmd(extra_arguments)
         conf = settings()
         own = Path(conf["own"])
-        sandbox.give(own)
         limits = sandbox.Limits(**conf["limits"])
         env = {"OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "JUPYTER_RUNTIME_DIR": str(own / "runtime"),
                "IPYTHONDIR": str(own / "ipython")}
@@ -167,8 +166,7 @@ class Grader:
         self._handles_made = 0  # keys never repeat, so a proxy kept from an earlier cell finds nothing
         self.socket_path = own / "grader.sock"
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(self.socket_path))
-        os.chown(self.socket_path, sandbox.UID, sandbox.UID)
+        self.server.bind(str(self.socket_path))  # the kernel's box runs as this process's uid, outside its namespace
         self.server.listen(1)
         self.conn: socket.socket | None = None  # the kernel's side of the session now open
         self.sent: dict[int, Any] = {}  # the objects the call now running sent into the kernel, by number

@@ -1,0 +1,169 @@
+"""Cohort grading's boxes (issue 51): a grader of its own uid, a kernel's box nested in it under a seccomp filter, and
+limits that hold for a submission's whole process tree. Each test starts the real boxes (bubblewrap, cgroups) with a
+small program in place of nbgrader and the kernel, so a limit is seen to hold in seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec.course import boxes, cohort, sandbox
+
+pytestmark = pytest.mark.skipif(boxes.missing() is not None, reason=f"no sandbox here: {boxes.missing()}")
+SLUG = "01_cost_ledger"
+
+
+def _in_kernel_box(scratch: Path, payload: str, limits: sandbox.Limits) -> str:
+    """Python run by a grader that starts ``payload`` in the kernel's box, as the cohort's grader does."""
+    return ("import subprocess, sys; from pathlib import Path; from specdec.course import sandbox; "
+            f"r = subprocess.run(sandbox.command(Path({str(scratch / 'sandbox')!r}), Path({str(sandbox.PACKAGE.parent)!r}), "
+            f"[sys.executable, '-c', {payload!r}], sandbox.{limits!r})); sys.exit(r.returncode)")
+
+
+def _run(payload: str, index: int, limits: sandbox.Limits = sandbox.Limits(), tree: boxes.Tree | None = None,
+         wall_s: float = 120, cpu_s: float = 600) -> tuple[subprocess.CompletedProcess, str]:
+    with tempfile.TemporaryDirectory(prefix="specdec-boxes-") as tmp:
+        scratch = Path(tmp) / "scratch"
+        (scratch / "sandbox").mkdir(parents=True)
+        uid = boxes.grader_uid(index)
+        boxes.give(scratch, uid)
+        cmd = boxes.command(uid, scratch, sandbox.PACKAGE.parent, SLUG,
+                            [sys.executable, "-c", _in_kernel_box(scratch, payload, limits)],
+                            {"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+        if tree is not None:
+            cmd = [sys.executable, "-c", cohort._JOIN, json.dumps(tree.procs_files()), *cmd]
+        out = Path(tmp) / "log"
+        with open(out, "w+") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+            why = cohort._watch(proc, tree, cohort.Limits(wall_s, wall_s, 1024, False, True)) if tree else ""
+            if tree is None:
+                proc.wait(timeout=wall_s)
+            if tree is not None and not why and tree.cpu_seconds() > cpu_s:
+                why = "over"
+        text = out.read_text()
+        return subprocess.CompletedProcess(cmd, proc.returncode, text, ""), why
+
+
+SYSCALLS = r'''
+import ctypes, errno, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+numbers = {"x86_64": {"keyctl": 250, "add_key": 248, "ptrace": 101, "unshare": 272, "mount": 165, "bpf": 321},
+           "aarch64": {"keyctl": 219, "add_key": 217, "ptrace": 117, "unshare": 97, "mount": 40, "bpf": 280}}
+for name, number in numbers[platform.machine()].items():
+    result = libc.syscall(number, 0x10000000 if name == "unshare" else 0, 0, 0, 0, 0)
+    print(name, result, errno.errorcode.get(ctypes.get_errno()))
+print("uid", os.getuid())
+'''
+
+
+def test_the_kernel_box_refuses_the_keyring_tracing_mounts_and_namespaces():
+    done, _ = _run(SYSCALLS, 1)
+    assert done.returncode == 0, done.stdout
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    for name in ("keyctl", "add_key", "ptrace", "unshare", "mount", "bpf"):
+        assert lines[name] == "-1 EPERM", (name, done.stdout)
+    assert lines["uid"] == str(sandbox.UID)
+
+
+def test_graders_run_as_distinct_unprivileged_uids_and_see_only_their_own_folder():
+    uids = {boxes.grader_uid(i) for i in range(100)}
+    assert len(uids) == 100 and min(uids) >= boxes.UID_BASE
+    with tempfile.TemporaryDirectory(prefix="specdec-boxes-") as tmp:
+        scratch = Path(tmp) / "scratch"
+        scratch.mkdir()
+        uid = boxes.grader_uid(3)
+        boxes.give(scratch, uid)
+        probe = ("import os; from pathlib import Path\n"
+                 "print(os.getuid(), os.geteuid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+                 f"print(Path({str(Path(tmp) / 'other')!r}).exists(), Path('/root').exists() and sorted(os.listdir('/root')))\n"
+                 f"print(Path({str(boxes.SOURCE_DIR / '02_greedy_verify')!r}).exists(), "
+                 f"Path({str(boxes.SOURCE_DIR / SLUG)!r}).exists())\n"
+                 "import signal\n"
+                 "try:\n    os.kill(1, signal.SIGTERM); print('signalled init')\nexcept PermissionError: print('no signal')\n")
+        (Path(tmp) / "other").mkdir()
+        done = subprocess.run(boxes.command(uid, scratch, sandbox.PACKAGE.parent, SLUG, [sys.executable, "-c", probe],
+                                            {"PATH": "/usr/bin:/bin"}), capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"{uid} {uid} 0000000000000000", done.stdout + done.stderr
+    assert lines[1].startswith("False"), lines  # another submission's folder is not there
+    assert lines[2] == "False True", lines  # only this assignment's instructor notebook
+    assert lines[3] == "no signal", lines
+
+
+def test_a_fork_bomb_stops_at_the_trees_process_limit():
+    bomb = ("import os, time\nmade = 0\n"
+            "try:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30); os._exit(0)\n        made += 1\n"
+            "except OSError:\n    print('stopped at', made)\n")
+    tree = boxes.Tree("test-fork-bomb", 2048, 64)
+    try:
+        done, why = _run(bomb, 4, tree=tree, wall_s=60)
+        assert "stopped at" in done.stdout, done.stdout
+        made = int(done.stdout.split("stopped at")[1].split()[0])
+        assert made < 64, made  # the grader's and the kernel's own tasks count too
+    finally:
+        tree.remove()
+    assert not tree.pids()
+
+
+def test_cpu_time_is_summed_over_the_whole_tree():
+    spin = ("import os, time\n"
+            "for _ in range(3):\n    if os.fork() == 0:\n        while True: pass\n"
+            "time.sleep(120)\n")
+    tree = boxes.Tree("test-cpu", 2048, 256)
+    start = time.monotonic()
+    try:
+        limits = cohort.Limits(60, 60, 1024, False, True)
+        with tempfile.TemporaryDirectory(prefix="specdec-boxes-") as tmp:
+            scratch = Path(tmp) / "scratch"
+            (scratch / "sandbox").mkdir(parents=True)
+            uid = boxes.grader_uid(5)
+            boxes.give(scratch, uid)
+            cmd = boxes.command(uid, scratch, sandbox.PACKAGE.parent, SLUG,
+                                [sys.executable, "-c", _in_kernel_box(scratch, spin, sandbox.Limits())],
+                                {"PATH": "/usr/bin:/bin"})
+            proc = subprocess.Popen([sys.executable, "-c", cohort._JOIN, json.dumps(tree.procs_files()), *cmd],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
+            why = cohort._watch(proc, tree, dataclass_replace(limits, timeout_s=4))
+        assert "CPU time, summed over every process" in why or "time limit" in why, why
+        assert time.monotonic() - start < 30
+        assert tree.cpu_seconds() < 4 + 2 * 3, tree.cpu_seconds()  # stopped within a poll of the limit
+    finally:
+        tree.remove()
+    assert not tree.pids()
+
+
+def dataclass_replace(limits: cohort.Limits, **changes) -> cohort.Limits:
+    import dataclasses
+    return dataclasses.replace(limits, **changes)
+
+
+def test_memory_is_limited_for_the_whole_tree():
+    hog = ("import os, time\n"
+           "for _ in range(3):\n    if os.fork() == 0:\n"
+           "        block = bytearray(250 * 2**20)\n        block[::4096] = b'x' * len(block[::4096])\n"
+           "        time.sleep(20); os._exit(0)\n"
+           "deaths = [os.wait()[1] for _ in range(3)]\nprint('killed', sum(os.WIFSIGNALED(d) for d in deaths))\n")
+    tree = boxes.Tree("test-memory", 600, 256)
+    try:
+        done, _ = _run(hog, 6, tree=tree, wall_s=90)
+        assert "killed" in done.stdout, done.stdout
+        killed = int(done.stdout.split("killed")[1].split()[0])
+        assert killed >= 1 and tree.out_of_memory(), (done.stdout, killed)
+    finally:
+        tree.remove()
+
+
+def test_the_kernels_writable_folders_are_bounded():
+    fill = ("import os\nwritten = 0\n"
+            "try:\n    for i in range(100):\n        with open(f'/tmp/f{i}', 'wb') as f: f.write(b'x' * 2**20 * 8)\n"
+            "        written += 8\nexcept OSError as err:\n    print('full after', written, err.errno)\n")
+    done, _ = _run(fill, 7, limits=sandbox.Limits(file_mb=64))
+    assert "full after" in done.stdout, done.stdout
+    assert int(done.stdout.split("full after")[1].split()[0]) <= 64, done.stdout
