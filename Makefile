@@ -68,12 +68,14 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 	@touch $(STAMP)
 
-# Cohort grading's sandbox: Debian's bubblewrap (util-linux's setpriv and prlimit come with the system).
+# Cohort grading's sandbox: Debian's bubblewrap and libseccomp (util-linux's setpriv and prlimit come with the
+# system; PyPI's pyseccomp, a dependency, compiles the filter with libseccomp).
 SANDBOX_STAMP := $(VENV)/.installed-sandbox
 $(SANDBOX_STAMP): $(STAMP)
-	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
-		echo "note: bubblewrap is not installed, so cohort grading refuses untrusted submissions (apt-get install bubblewrap)"
+	@{ command -v bwrap >/dev/null && ldconfig -p | grep -q libseccomp.so.2; } || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2 >/dev/null; } || \
+		echo "note: bubblewrap or libseccomp is not installed, so cohort grading refuses untrusted submissions (apt-get install bubblewrap libseccomp2)"
 	@! command -v bwrap >/dev/null || touch $@
 
 setup: $(STAMP) $(SANDBOX_STAMP)

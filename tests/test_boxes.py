@@ -5,7 +5,6 @@ small program in place of nbgrader and the kernel, so a limit is seen to hold in
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile

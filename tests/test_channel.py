@@ -75,7 +75,7 @@ def test_what_cannot_cross_is_handed_over_and_answered_by_its_owner():
     sent = _round_trip({"model": counting, "fn": lambda x: x + 1, "module": torch.nn.Linear(2, 2)}, handle, proxy)
     assert all(isinstance(v, channel.Callback) for v in sent.values())
     tokens = torch.tensor([1, 2, 3])
-    assert torch.equal(sent["model"].logits(tokens), counting.model.logits(tokens))
+    assert torch.equal(sent["model"].logits(tokens), counting._model.logits(tokens))
     assert counting.calls == 1, "the call is counted by the grader's object, outside the sandbox"
     assert sent["model"].vocab_size == 7 and sent["fn"](4) == 5 and asked[0] == ("method", "logits")
     assert sent["fn"] and sent["module"], "a handed-over function or module is true, as the grader's object is"
@@ -90,6 +90,22 @@ def test_what_cannot_cross_is_handed_over_and_answered_by_its_owner():
     with pytest.raises(AttributeError, match="module"):
         _operate(type("WithModule", (), {"os": json})(), "getattr", "os", [], {})
     assert channel.Encoder()(counting)["o"].startswith("specdec.checks")  # without a handle: never from the kernel
+
+
+def test_a_callback_reads_data_attributes_only_never_the_object_behind_a_wrapper():
+    """Issue 51: a counting wrapper's model, read through a callback, came into the kernel as a copy that the learner's
+    code could call uncounted (one target call per round, checked, while the copy did the work)."""
+    counting = CountingLM(ToyLM(7, seed=0))
+    wrapper = type("Wrapper", (), {})()
+    wrapper.model, wrapper.config, wrapper.shape = ToyLM(5, seed=1), {"vocab": 5, "dims": (2, 3)}, torch.Size([2])
+    wrapper.layer, wrapper.weight = torch.nn.Linear(2, 2), torch.nn.Parameter(torch.zeros(2))
+    for target, name in ((counting, "_model"), (wrapper, "model"), (wrapper, "layer"), (wrapper, "weight")):
+        with pytest.raises(AttributeError):
+            _operate(target, "getattr", name, [], {})
+    assert _operate(wrapper, "getattr", "config", [], {}) == {"vocab": 5, "dims": (2, 3)}
+    assert _operate(wrapper, "getattr", "shape", [], {}) == torch.Size([2])
+    assert _operate(counting, "getattr", "vocab_size", [], {}) == 7
+    assert counting.calls == 0
 
 
 def test_messages_are_framed_and_bounded():

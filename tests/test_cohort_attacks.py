@@ -8,6 +8,7 @@ import copy
 import csv
 import os
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -39,6 +40,31 @@ def _correct_with(code: str) -> nbformat.NotebookNode:
     nb = copy.deepcopy(read(source_path(SLUG)))
     cell = _first_answer(nb)
     cell.source = code + "\n" + cell.source
+    return nb
+
+
+def _answer_table() -> nbformat.NotebookNode:
+    """Issue 51: every hidden case of notebook 01, recorded from the reference with the seeds written in the checks
+    (which any student can read), and answers that look them up: full marks while the seeds were public."""
+    from test_checks import RUN_CHECK
+    from test_mistakes_in_notebooks import _exercises
+
+    table: dict[str, dict[str, object]] = {}
+    for exercise in _exercises(SLUG):
+        reference, check = RUN_CHECK[exercise]
+
+        def recorded(*args, _name=exercise, _reference=reference, **kwargs):
+            out = _reference(*args, **kwargs)
+            table.setdefault(_name, {})[repr((args, sorted(kwargs.items())))] = out
+            return out
+
+        recorded.__name__ = exercise
+        check(recorded)
+    nb = copy.deepcopy(read(student_path(SLUG)))
+    lookups = "".join(f"def {name}(*args, **kwargs):\n    return _TABLE[{name!r}][repr((args, sorted(kwargs.items())))]\n"
+                      for name in table)
+    for n, cell in enumerate(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")):
+        cell.source = (f"_TABLE = {table!r}\n" if n == 0 else "") + cell.source + "\n" + lookups
     return nb
 
 
@@ -117,6 +143,34 @@ ATTACKS = {
         "for checks in [_Pass()]: pass\n"
         "expect_equal, expect_close = _Pass(), _Pass()\n"
         "if (CheckFailure := _Pass()): pass"), 0),
+    # issue 51: the hidden cases looked up in a table recorded with the public seeds (the run's salt makes it miss)
+    "answer_table": (_answer_table(), 0),
+    # issue 51: the reference dug out of what stands in its place (a wrapper's closure held it)
+    "dig_the_reference": (_blank_with(
+        "import inspect, specdec.ledger as _ledger\n"
+        "_found = getattr(_ledger.count_params, '__wrapped__', None)\n"
+        "for _cell in getattr(_ledger.count_params, '__closure__', None) or ():\n"
+        "    _found = _found or _cell.cell_contents\n"
+        "_source = inspect.getsource(_ledger)\n"
+        "if 'def count_params(' in _source:\n"
+        "    exec(_source[_source.index('def count_params('):].split('\\n\\n\\n')[0])\n"
+        "elif _found is not None:\n"
+        "    count_params = _found"), 0),
+    # issue 51: processes up to the limits, spinning beside honest students (they starved them: 0/10, silently)
+    "fork_bomb": (_blank_with(
+        "import os, time\n"
+        "for _ in range(150):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            _end = time.time() + 15\n"
+        "            while time.time() < _end: pass\n"
+        "            os._exit(0)\n"
+        "    except OSError: break"), 0),
+    # issue 51: a secret left in the kernel keyring of the sandbox's uid, shared by every sandbox and outliving them
+    "keyring": (_blank_with(
+        "import ctypes\n"
+        "_libc = ctypes.CDLL(None, use_errno=True)\n"
+        "_libc.syscall(248, b'user', b'specdec-attack', b'secret', 6, -4)  # add_key to the user keyring"), 0),
     "helper_replaced": (_blank_with(
         "import socket, types\n"
         "def _forged_session(path):\n"
@@ -124,6 +178,8 @@ ATTACKS = {
         "    s.sendall((9).to_bytes(8, 'big') + b'{\"a\": 1}')  # an answer of its own, unasked\n"
         "__specdec_grader__ = types.SimpleNamespace(session=_forged_session)"), 0),
 }
+
+
 HONEST = {f"honest_{n}": (read(source_path(SLUG)), FULL) for n in range(3)} | {"honest_blank": (read(student_path(SLUG)), 0)}
 
 
@@ -195,6 +251,12 @@ def test_nothing_outlives_the_run_or_escapes_the_sandbox(attacked):
     for leftover in ("/tmp/specdec-attack", "/dev/shm/specdec-attack", "/root/specdec-attack", "/etc/specdec-attack"):
         assert not os.path.exists(leftover), f"a submission wrote {leftover} on the host"
     assert not os.path.exists(MARKER), "a submission's process outlived its sandbox"
+
+
+@pytest.mark.cohort
+def test_no_cgroup_or_grader_uid_outlives_the_run(attacked):
+    leftovers = [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/{boxes.PARENT}/*") if p.is_dir()]
+    assert not leftovers, f"cgroups of submissions left behind: {leftovers}"
 
 
 @pytest.mark.cohort

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from specdec.checks.seeds import salted
 from specdec.course.instruments import fixed_uniforms, torch_calls
 from specdec.mistakes import Mistake, for_exercise
 
@@ -358,7 +359,7 @@ def expect_reproducible(fn: Callable, label: str, make_args: Callable[[int], tup
         for seed in seeds:
             results = []
             for global_seed in (1_000 + seed, 2_000 + seed):
-                torch.manual_seed(global_seed)
+                torch.manual_seed(salted(global_seed))
                 results.append(call(fn, label, *make_args(seed)))
             if not same(_comparable(results[0]), _comparable(results[1])):
                 raise CheckFailure(

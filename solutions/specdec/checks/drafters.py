@@ -18,6 +18,7 @@ from specdec.checks.core import (
     not_implemented,
     upstream_note,
 )
+from specdec.checks.seeds import salted
 from specdec.drafters.dynamic_tree import expand_dynamic_tree
 from specdec.drafters.eagle import EagleDrafter, eagle_draft_step, eagle_inputs
 from specdec.drafters.medusa import medusa_candidates, medusa_head_logits
@@ -71,7 +72,7 @@ def _compare(fn: Callable, reference: Callable, cases: Iterable[tuple[str, tuple
 
 # ---- Medusa ---------------------------------------------------------------------------------
 def check_medusa_head_logits(fn: Callable) -> None:
-    rng, cases = torch.Generator().manual_seed(21), []
+    rng, cases = torch.Generator().manual_seed(salted(21)), []
     for shape in [(), (3,), (2, 5), ()] * 6:
         K, d, V = (int(x) for x in torch.randint(1, 5, (1,), generator=rng).tolist()
                                    + torch.randint(2, 9, (2,), generator=rng).tolist())
@@ -97,7 +98,7 @@ def _random_choices(rng: random.Random, depth: int) -> list[tuple[int, ...]]:
 
 
 def check_medusa_candidates(fn: Callable) -> None:
-    rng, g, cases = random.Random(22), torch.Generator().manual_seed(22), []
+    rng, g, cases = random.Random(salted(22)), torch.Generator().manual_seed(salted(22)), []
     tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 1.0, 2.0, 0.0]])
     cases.append(("root=7, head_logits with ties [[1, 3, 3, 0, 3], [2, 2, 1, 2, 0]], "
                   "choices [(0,), (1,), (2,), (0, 0), (0, 1), (2, 2)]",
@@ -123,7 +124,7 @@ def check_medusa_candidates(fn: Callable) -> None:
 
 # ---- EAGLE ----------------------------------------------------------------------------------
 def check_eagle_inputs(fn: Callable) -> None:
-    g, cases = torch.Generator().manual_seed(23), []
+    g, cases = torch.Generator().manual_seed(salted(23)), []
     for T, N in [(5, 6), (5, 5), (3, 7), (1, 2), (6, 4), (8, 9), (3, 1), (3, 0)]:
         features = torch.randn(T, 3, generator=g)
         tokens = torch.randint(0, 50, (N,), generator=g)
@@ -132,7 +133,7 @@ def check_eagle_inputs(fn: Callable) -> None:
 
 
 def _tiny_eagle(seed: int) -> tuple[Llama, EagleDrafter]:
-    torch.manual_seed(seed)
+    torch.manual_seed(salted(seed))
     config = LlamaConfig(vocab_size=24, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, max_seq_len=64)
     target, drafter = Llama(config).eval(), EagleDrafter(config).eval()
     with torch.no_grad():
@@ -144,7 +145,7 @@ def _tiny_eagle(seed: int) -> tuple[Llama, EagleDrafter]:
 def check_eagle_draft_step(fn: Callable) -> None:
     for seed, prefix in ((0, 0), (1, 3), (2, 7)):
         target, drafter = _tiny_eagle(seed)
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(salted(seed))
         cache = drafter.new_cache()
         if prefix:
             with torch.inference_mode():
@@ -204,7 +205,7 @@ class _Drafter:
     def __call__(self, paths):
         rows = []
         for path in paths:
-            g = torch.Generator().manual_seed(hash((self.seed,) + tuple(path)) % (2**31))
+            g = torch.Generator().manual_seed(salted(hash((self.seed,) + tuple(path)) % (2**31)))
             logits = self.sharp * torch.randn(self.vocab, generator=g, dtype=torch.float64)
             rows.append(torch.log_softmax(logits, -1))
         return torch.stack(rows)
@@ -262,7 +263,7 @@ class _TiedDrafter:
 
 
 def check_expand_dynamic_tree(fn: Callable) -> None:
-    rng = random.Random(24)
+    rng = random.Random(salted(24))
     tied = _TiedDrafter()
     cases = [(f"{tied.__name__}, depth={d}, top_k=2, budget={b}", (tied, d, 2, b)) for d, b in ((2, 1), (2, 2), (2, 3), (3, 4))]
     cross = _CrossTiedDrafter()
@@ -280,7 +281,7 @@ def check_expand_dynamic_tree(fn: Callable) -> None:
 
 # ---- costs ----------------------------------------------------------------------------------
 def check_drafter_cost(fn: Callable) -> None:
-    rng, cases = random.Random(25), []
+    rng, cases = random.Random(salted(25)), []
     configs = [LlamaConfig(vocab_size=256, d_model=512, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=1024),
                LlamaConfig(vocab_size=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=11008),
                LlamaConfig(vocab_size=1000, d_model=64, n_layers=3, n_heads=4, n_kv_heads=4, d_ff=96)]

@@ -20,6 +20,7 @@ import torch
 from specdec import kernels as ref
 from specdec.bench import compiled
 from specdec.checks.core import CheckFailure
+from specdec.checks.seeds import salted
 from specdec.course import instruments
 from specdec.kernels import device
 from specdec.mistakes import for_exercise
@@ -185,7 +186,7 @@ def expect_kernel(kernel: Callable, name: str, run: Callable[[Callable], object]
 
 def race_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, int]]:
     """(description, w, e, BLOCK_V) for the race kernel."""
-    g = torch.Generator().manual_seed(8)
+    g = torch.Generator().manual_seed(salted(8))
     cases = []
 
     def noise(B: int, V: int) -> torch.Tensor:
@@ -250,7 +251,7 @@ def check_race_kernel(kernel: Callable) -> None:
 
 def logsumexp_cases() -> list[tuple[str, torch.Tensor, int]]:
     """(description, x, BLOCK_V) for the logsumexp kernel."""
-    g = torch.Generator().manual_seed(9)
+    g = torch.Generator().manual_seed(salted(9))
     inf = float("inf")
     cases = [("B = 3, V = 64, BLOCK_V = 16", torch.randn(3, 64, generator=g), 16),
              ("V = 100, BLOCK_V = 32 (a partial last block)", torch.randn(4, 100, generator=g), 32)]
@@ -258,7 +259,7 @@ def logsumexp_cases() -> list[tuple[str, torch.Tensor, int]]:
     x[1] = x[1].flip(0)
     cases.append(("logits rising across blocks (row 0) and falling (row 1), BLOCK_V = 32", x, 32))
     cases.append(("large logits (around 500: exp overflows float32)", 500 + 3 * torch.randn(3, 80, generator=g), 32))
-    whole = -500 + 3 * torch.randn(2, 96, generator=torch.Generator().manual_seed(19))
+    whole = -500 + 3 * torch.randn(2, 96, generator=torch.Generator().manual_seed(salted(19)))
     cases.append(("large negative logits in whole blocks (around -500, V = 96, BLOCK_V = 32: no padding lanes)", whole, 32))
     cases.append(("large negative logits (around -500: every exp(x) underflows to 0 unless the max is subtracted), "
                   "V = 100, BLOCK_V = 32", -500 + 3 * torch.randn(3, 100, generator=g), 32))
@@ -310,7 +311,7 @@ def verify_inputs(B: int, gamma: int, V: int, seed: int) -> tuple[torch.Tensor, 
     """Rows of every kind: row 0 accepts everything (q = p), row 1 rejects its first draft
     (p(draft) = 0 with u = 0: a <= test would accept it) and only that one, every third row from row 2 is
     greedy (drafts mostly the argmax), the others sample with a draft close to the target."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(salted(seed))
     p = torch.softmax(2 * torch.randn(B, gamma + 1, V, generator=g), -1)
     q = torch.softmax(p[:, :gamma].log() + 0.7 * torch.randn(B, gamma, V, generator=g), -1)
     q[0] = p[0, :gamma]
@@ -414,7 +415,7 @@ def tree_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
     """(description, (q, k, v, mask), BLOCK_K) for tree attention."""
     from specdec.tree import DEFAULT_CHOICES, flatten_tree, tree_mask
 
-    g = torch.Generator().manual_seed(10)
+    g = torch.Generator().manual_seed(salted(10))
     small = tree_mask(flatten_tree([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]).parents)
     default = tree_mask(flatten_tree(DEFAULT_CHOICES).parents)
 
@@ -431,6 +432,17 @@ def tree_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
         k = -30 * direction + 0.3 * torch.randn(H, L + N, D, generator=g)  # q . k / sqrt(D) is about -225
         return q, k, torch.randn(H, L + N, D, generator=g), mask
 
+    def hidden_above(H: int, L: int, D: int, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Every tree node's key but the root's scores about +225 against every query, the prefix's and the root's
+        about 0: the root's row hides keys far above all it sees (exp(0 - 225) underflows in float32)."""
+        N = mask.shape[0]
+        direction = torch.randn(D, generator=g)
+        direction = direction / direction.norm()
+        q = 30 * direction + 0.3 * torch.randn(H, N, D, generator=g)
+        k = 0.3 * torch.randn(H, L + N, D, generator=g)
+        k[:, L + 1:] += 30 * direction
+        return q, k, torch.randn(H, L + N, D, generator=g), mask
+
     return [("H = 2, no prefix (L = 0), 6 nodes, D = 8, BLOCK_K = 4", qkv(2, 0, 8, small), 4),
             ("H = 2, L = 10 (not a multiple of BLOCK_K = 8), 6 nodes, D = 16", qkv(2, 10, 16, small), 8),
             ("H = 3, L = 21, the default 12-node tree, D = 24 (not a power of two), BLOCK_K = 16",
@@ -438,7 +450,9 @@ def tree_cases() -> list[tuple[str, tuple[torch.Tensor, ...], int]]:
             ("H = 2, L = 30, 12 nodes, D = 16, large scores (q and k times 12)", qkv(2, 30, 16, default, 12.0), 16),
             ("H = 1, L = 70, 12 nodes, D = 32, BLOCK_K = 32", qkv(1, 70, 32, default), 32),
             ("H = 2, L = 19, 12 nodes, D = 16, every score large and negative (about -200: exp underflows unless "
-             "the running max starts at -inf)", negative(2, 19, 16, default), 8)]
+             "the running max starts at -inf)", negative(2, 19, 16, default), 8),
+            ("H = 2, L = 9, 12 nodes, D = 16, the keys hidden from the root score about 225 above those it sees",
+             hidden_above(2, 9, 16, default), 8)]
 
 
 def check_tree_attention_kernel(kernel: Callable) -> None:

@@ -21,6 +21,7 @@ from specdec.checks.core import (
     upstream_note,
 )
 from specdec.checks.engine import SAMPLING_PARAMS, expect_token_list, sampling_pair, shipped_pair, target_joint, tiny_pair
+from specdec.checks.seeds import salted
 from specdec.checks.stats import sample_and_compare
 from specdec.engine import target_only_generate
 from specdec.greedy import greedy_verify
@@ -51,7 +52,7 @@ def _as_tuples(cases: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
 
 
 def _random_sequences(n: int) -> list[tuple[str, list[int], int]]:
-    rng = random.Random(_SEED)
+    rng = random.Random(salted(_SEED))
     out = []
     for _ in range(n):
         tokens = [rng.randrange(3) for _ in range(rng.randint(1, 14))]
@@ -88,7 +89,7 @@ def check_propose_ngram(fn: Callable) -> None:
         ("n_max longer than the history", [6, 6], 3, 5, 1),
     ]
     cases = [(f"{d}: tokens={t}, gamma={g}, n_max={hi}, n_min={lo}", (list(t), g, hi, lo)) for d, t, g, hi, lo in edges]
-    rng = random.Random(_SEED + 1)
+    rng = random.Random(salted(_SEED + 1))
     for desc, tokens, _ in _random_sequences(200):
         gamma, n_min = rng.randint(1, 5), rng.randint(1, 2)
         n_max = n_min + rng.randint(0, 2)
@@ -143,7 +144,7 @@ def check_find_match_vectorised(fn: Callable) -> None:
               ("int32 ids: tokens=[4, 8, 4, 8], n=2", (torch.tensor([4, 8, 4, 8], dtype=torch.int32), 2)),
               ("byte ids and n = 4: tokens=[200, 1, 2, 3, 9, 200, 1, 2, 4, 7, 200, 1, 2, 3], n=4",
                (torch.tensor([200, 1, 2, 3, 9, 200, 1, 2, 4, 7, 200, 1, 2, 3]), 4))]
-    rng = random.Random(_SEED + 2)
+    rng = random.Random(salted(_SEED + 2))
     for k in range(20):  # the course's 256 ids and longer n-grams: windows must match exactly, id by id
         n = rng.randint(4, 6)
         stem = [rng.randrange(256) for _ in range(n)]
@@ -183,7 +184,7 @@ def check_lookup_generate(fn: Callable) -> None:
         expect_reproducible(fn, "lookup_generate(small random model, prompt=[1, 2, 1, 2, 1], n_tokens=10, gamma=3, "
                                 "temperature 1)",
                             lambda seed: (target, [1, 2, 1, 2, 1], 10, 3, SamplingParams(1.0),
-                                          torch.Generator().manual_seed(seed)))
+                                          torch.Generator().manual_seed(salted(seed))))
     except CheckFailure as failure:
         raise CheckFailure(str(failure) + upstream_note(fn, requires)) from None
 
@@ -240,7 +241,7 @@ def _check_lookup_sampling(fn: Callable, n: int = 1500) -> None:
     target = sampling_pair()[0]  # tiny_pair(vocab=6, noise=0.5, seed=3)'s target: the same outputs, fewer forwards
     for params, prompt, runs in ((SAMPLING_PARAMS[1], [1, 2, 1, 2, 1], n), (SamplingParams(1.0), [3, 4, 5], n // 2)):
         exact = target_joint(tiny_pair(vocab=6, noise=0.5, seed=3)[0], prompt, params)
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator().manual_seed(salted(0))
         label = f"lookup_generate(small random model, prompt={prompt}, n_tokens=3, gamma=2, params={params})"
         sample_and_compare(
             lambda: tuple(expect_token_list(label, call(fn, label, target, prompt, 3, 2, params, g), 3)),  # noqa: B023

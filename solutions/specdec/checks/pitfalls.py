@@ -18,6 +18,7 @@ from specdec.checks.core import (
     torch_function_names,
 )
 from specdec.checks.engine import tiny_pair
+from specdec.checks.seeds import salted
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 from specdec.models.model import KVCache
@@ -49,13 +50,13 @@ def _one_row(fn: Callable, name: str, args: tuple, with_q: bool) -> None:
 
 def check_draft_propose(fn: Callable) -> None:
     """Whatever the draft does, its tokens must follow the q it reports (seeded Monte Carlo)."""
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(salted(1))
     n = 4000
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4),
                    SamplingParams(temperature=1.3, top_p=0.8), SamplingParams()):
         row = 2 * torch.randn(1, 6, generator=g)
         label = f"draft_propose(logits, {params})"
-        got = call(fn, label, row.expand(n, -1), params, torch.Generator().manual_seed(2))
+        got = call(fn, label, row.expand(n, -1), params, torch.Generator().manual_seed(salted(2)))
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"{label}: return (tokens, q), got {got!r}"[:300])
         tokens = _tensor(label + " tokens", got[0], (n,), torch.long)
@@ -72,7 +73,7 @@ def check_draft_propose(fn: Callable) -> None:
     for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=3)):
         label = f"draft_propose(two different rows of logits, each repeated 3000 times, {params})"
         batch = logits.repeat_interleave(3000, 0)
-        got = call(fn, label, batch, params, torch.Generator().manual_seed(3))
+        got = call(fn, label, batch, params, torch.Generator().manual_seed(salted(3)))
         tokens, q = _tensor(label + " tokens", got[0], (6000,)), _tensor(label + " q", got[1], (6000, 7)).double()
         want_q = params.probs(logits).double()
         for r in range(2):
@@ -91,14 +92,14 @@ def check_draft_propose(fn: Callable) -> None:
                                 f"{label}: the tokens of logits row {r}",
                                 "Each row's token must be drawn from that row's q.")
     for params in (SamplingParams(), SamplingParams(1.0)):
-        _one_row(fn, f"draft_propose(logits (1, 7), {params})", (logits[:1], params, torch.Generator().manual_seed(4)),
+        _one_row(fn, f"draft_propose(logits (1, 7), {params})", (logits[:1], params, torch.Generator().manual_seed(salted(4))),
                  with_q=True)
     expect_reproducible(lambda *a: fn(*a)[0], "draft_propose(logits (64, 20), temperature 1): the tokens",
-                        lambda seed: (logits.new_zeros(64, 20), SamplingParams(1.0), torch.Generator().manual_seed(seed)))
+                        lambda seed: (logits.new_zeros(64, 20), SamplingParams(1.0), torch.Generator().manual_seed(salted(seed))))
 
 
 def check_draft_token_probs(fn: Callable) -> None:
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(salted(3))
     for B, gamma, V, expanded in ((1, 3, 5, False), (4, 3, 7, False), (5, 1, 4, False), (6, 3, 7, True)):
         probs = torch.softmax(torch.randn(1 if expanded else B, gamma, V, generator=g, dtype=torch.float64), -1)
         probs = probs.expand(B, -1, -1) if expanded else probs  # the same row for every request: not contiguous
@@ -114,7 +115,7 @@ def check_draft_token_probs(fn: Callable) -> None:
 
 
 def check_accept_drafts(fn: Callable) -> None:
-    g = torch.Generator().manual_seed(4)
+    g = torch.Generator().manual_seed(salted(4))
     p = torch.rand(6, 4, generator=g, dtype=torch.float64)
     q = torch.rand(6, 4, generator=g, dtype=torch.float64)
     u = torch.rand(6, 4, generator=g, dtype=torch.float64)
@@ -133,7 +134,7 @@ def check_accept_drafts(fn: Callable) -> None:
 
 
 def check_accepted_counts(fn: Callable) -> None:
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(salted(5))
     cases = [torch.tensor([[True, True, False, True], [False, True, True, True], [True, True, True, True]]),
              torch.rand(7, 5, generator=g) < 0.7, torch.ones(1, 1, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool)]
     history = []
@@ -163,7 +164,7 @@ def check_accepted_counts(fn: Callable) -> None:
 
 
 def check_residual(fn: Callable) -> None:
-    g = torch.Generator().manual_seed(6)
+    g = torch.Generator().manual_seed(salted(6))
     p = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
     q = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), -1)
     q[2] = p[2]  # nothing left over: the residual is all zero
@@ -196,28 +197,28 @@ def check_residual(fn: Callable) -> None:
 
 
 def check_correction_token(fn: Callable) -> None:
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(salted(7))
     p = torch.softmax(torch.randn(1, 5, generator=g, dtype=torch.float64), -1)
     q = torch.softmax(torch.randn(1, 5, generator=g, dtype=torch.float64), -1)
     n = 5000
     label = "correction_token(p, q) over 5000 rows"
-    got = _tensor(label, call(fn, label, p.expand(n, -1), q.expand(n, -1), torch.Generator().manual_seed(8)), (n,),
+    got = _tensor(label, call(fn, label, p.expand(n, -1), q.expand(n, -1), torch.Generator().manual_seed(salted(8))), (n,),
                   torch.long)
-    _one_row(fn, "correction_token", (p, q, torch.Generator().manual_seed(8)), with_q=False)
+    _one_row(fn, "correction_token", (p, q, torch.Generator().manual_seed(salted(8))), with_q=False)
     want = ref.residual(p, q)[0]
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(want)}, label,
                         "After a rejection, sample from the residual max(p - q, 0), normalised: the draft's tokens were "
                         "already offered with probability min(p, q).")
     same = torch.cat([p, p])  # a batched verifier computes every row, including one where p == q
     label = "correction_token(p, q) with a row where p == q"
-    got = _tensor(label, call(fn, label, same, torch.cat([q, p]), torch.Generator().manual_seed(9)), (2,))
+    got = _tensor(label, call(fn, label, same, torch.cat([q, p]), torch.Generator().manual_seed(salted(9))), (2,))
     if not 0 <= int(got[1]) < p.shape[-1] or p[0, int(got[1])] == 0:
         raise CheckFailure(f"{label}: row 1 must still get a token the target allows, got {got.tolist()}")
     rows_p = torch.softmax(2 * torch.randn(3, 5, generator=g, dtype=torch.float64), -1)
     rows_q = torch.softmax(2 * torch.randn(3, 5, generator=g, dtype=torch.float64), -1)
     label = "correction_token(p, q) with three different rows, each repeated 3000 times"
     got = _tensor(label, call(fn, label, rows_p.repeat_interleave(3000, 0), rows_q.repeat_interleave(3000, 0),
-                              torch.Generator().manual_seed(10)), (9000,))
+                              torch.Generator().manual_seed(salted(10))), (9000,))
     for r in range(3):
         compare_frequencies(got[r * 3000 : (r + 1) * 3000].tolist(),
                             {i: float(x) for i, x in enumerate(ref.residual(rows_p[r], rows_q[r]))},
@@ -226,14 +227,14 @@ def check_correction_token(fn: Callable) -> None:
     q_large = torch.tensor([[0.45, 0.05, 0.45, 0.0, 0.05]], dtype=torch.float64)
     label = "correction_token(p with zeros where q is large, q) over 5000 rows"
     got = _tensor(label, call(fn, label, p_zeros.expand(5000, -1), q_large.expand(5000, -1),
-                              torch.Generator().manual_seed(12)), (5000,))
+                              torch.Generator().manual_seed(salted(12))), (5000,))
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(ref.residual(p_zeros, q_large)[0])}, label,
                         "Sample from max(p - q, 0), normalised: a token the target gives probability 0 never comes out.")
     tiny_p = torch.tensor([[0.5 + 1e-10, 0.5 - 1e-10, 0.0]], dtype=torch.float64)  # residual: 1e-10 on token 0 alone
     tiny_q = torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64)
     label = ("correction_token(p = [0.5 + 1e-10, 0.5 - 1e-10, 0], q = [0.5, 0.5, 0], 64 rows: the residual has mass "
              "1e-10, all on token 0)")
-    got = _tensor(label, call(fn, label, tiny_p.expand(64, -1), tiny_q.expand(64, -1), torch.Generator().manual_seed(13)),
+    got = _tensor(label, call(fn, label, tiny_p.expand(64, -1), tiny_q.expand(64, -1), torch.Generator().manual_seed(salted(13))),
                   (64,))
     if bool((got != 0).any()):
         raise CheckFailure(f"{label}: every row must give token 0, got {sorted(set(got.tolist()))}. Build the residual in "
@@ -242,32 +243,32 @@ def check_correction_token(fn: Callable) -> None:
     expect_reproducible(fn, "correction_token(p uniform over 40 tokens, q one-hot, 16 rows)",
                         lambda seed: (torch.full((16, 40), 1 / 40, dtype=torch.float64),
                                       torch.nn.functional.one_hot(torch.zeros(16, dtype=torch.long), 40).double(),
-                                      torch.Generator().manual_seed(seed)))
+                                      torch.Generator().manual_seed(salted(seed))))
 
 
 def check_bonus_token(fn: Callable) -> None:
-    g = torch.Generator().manual_seed(9)
+    g = torch.Generator().manual_seed(salted(9))
     p = torch.softmax(torch.randn(1, 6, generator=g, dtype=torch.float64), -1)
     n = 5000
     label = "bonus_token(p_last) over 5000 rows"
-    got = _tensor(label, call(fn, label, p.expand(n, -1), torch.Generator().manual_seed(10)), (n,), torch.long)
-    _one_row(fn, "bonus_token", (p, torch.Generator().manual_seed(10)), with_q=False)
+    got = _tensor(label, call(fn, label, p.expand(n, -1), torch.Generator().manual_seed(salted(10))), (n,), torch.long)
+    _one_row(fn, "bonus_token", (p, torch.Generator().manual_seed(salted(10))), with_q=False)
     compare_frequencies(got.tolist(), {i: float(x) for i, x in enumerate(p[0])}, label,
                         "While sampling, the bonus token is a sample from p, not its argmax.")
     rows = torch.softmax(2 * torch.randn(3, 6, generator=g, dtype=torch.float64), -1)
     label = "bonus_token(p_last) with three different rows, each repeated 3000 times"
-    got = _tensor(label, call(fn, label, rows.repeat_interleave(3000, 0), torch.Generator().manual_seed(11)), (9000,))
+    got = _tensor(label, call(fn, label, rows.repeat_interleave(3000, 0), torch.Generator().manual_seed(salted(11))), (9000,))
     for r in range(3):
         compare_frequencies(got[r * 3000 : (r + 1) * 3000].tolist(), {i: float(x) for i, x in enumerate(rows[r])},
                             f"{label}: rows of p_last row {r}", "Each row samples from its own p_last.")
     expect_reproducible(fn, "bonus_token(p_last uniform over 40 tokens, 16 rows)",
                         lambda seed: (torch.full((16, 40), 1 / 40, dtype=torch.float64),
-                                      torch.Generator().manual_seed(seed)))
+                                      torch.Generator().manual_seed(salted(seed))))
 
 
 def check_verify_logits(fn: Callable) -> None:
     target, _ = tiny_pair()
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(salted(11))
     sequence = torch.randint(0, target.config.vocab_size, (20,), generator=g).tolist()
     drafts = torch.randint(0, target.config.vocab_size, (3,), generator=g).tolist()
     cache = KVCache(target.config)
@@ -308,7 +309,7 @@ def _stream_cases():
     yield "two EOS: the first ends it", batch([([2, 6, 2, 8], 0)], 3, 2, [50])
     yield "rows that differ", batch([([5, 2, 7, 9], 3), ([5, 6, 7, 8], 8), ([4], 0), ([7, 7, 2], 1)], 3, 2,
                                     [50, 10, 30, 2])
-    g = torch.Generator().manual_seed(12)
+    g = torch.Generator().manual_seed(salted(12))
     for i in range(25):
         B, gamma = int(torch.randint(1, 7, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g))
         rows, limits = [], []

@@ -9,6 +9,7 @@ import torch
 
 from specdec import rejection
 from specdec.checks.core import CheckFailure, call, compare_cases, diagnose, expect_reproducible, single_threaded, upstream_note
+from specdec.checks.seeds import salted
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 
@@ -32,7 +33,7 @@ def _pairs() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ("a token with p = q = 0 (top-k truncation)", torch.tensor([0.5, 0.5, 0.0], dtype=d),
          torch.tensor([0.3, 0.7, 0.0], dtype=d)),
     ]
-    g = torch.Generator().manual_seed(_SEED)
+    g = torch.Generator().manual_seed(salted(_SEED))
     for i in range(15):
         V = [2, 3, 5, 8, 20][i % 5]
         p = torch.softmax(2 * torch.randn(V, generator=g, dtype=d), 0)
@@ -116,7 +117,7 @@ def check_acceptance_rate(fn: Callable) -> None:
 @single_threaded
 def check_verify_token(fn: Callable, n: int = 8_000) -> None:
     """The accept test at chosen u (u = 0 included), then seeded Monte Carlo of the output."""
-    rng = random.Random(_SEED)
+    rng = random.Random(salted(_SEED))
     for desc, p, q in _pairs():
         for y in range(len(q)):
             if q[y] <= 0:
@@ -124,7 +125,7 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
             ratio = float(p[y]) / float(q[y])
             for u in (0.0, min(ratio, 1.0) * 0.999, min(ratio * 1.001, 0.999999), 0.5, 0.999999):
                 label = _label("verify_token", desc, p, q, f", y={y}, u={u:.6g}")
-                got = call(fn, label, p, q, y, u, torch.Generator().manual_seed(rng.randrange(2**31)))
+                got = call(fn, label, p, q, y, u, torch.Generator().manual_seed(salted(rng.randrange(2**31))))
                 if not (isinstance(got, tuple) and len(got) == 2):
                     raise CheckFailure(f"{label}: return (accepted, token), got {got!r}")
                 if not (isinstance(got[0], bool) and isinstance(got[1], int) and not isinstance(got[1], bool)):
@@ -146,7 +147,7 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
     desc, p, q = _pairs()[0]
     for y in range(len(q)):  # the draft token as torch.multinomial gives it: a 0-d long tensor; the token is an int
         label = _label("verify_token", desc, p, q, f", y=torch.tensor({y}), u=0.5")
-        got = call(fn, label, p, q, torch.tensor(y), 0.5, torch.Generator().manual_seed(y))
+        got = call(fn, label, p, q, torch.tensor(y), 0.5, torch.Generator().manual_seed(salted(y)))
         if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], bool) and isinstance(got[1], int)
                 and not isinstance(got[1], bool)):
             raise CheckFailure(f"{label}: return (accepted, token), a bool and an int whatever the type of y, got "
@@ -157,13 +158,13 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
         ratio = ratio_p / ratio_q
         for u, should in ((ratio * (1 - 1e-9), True), (ratio * (1 + 1e-9), False)):
             label = _label("verify_token", "u within 1e-9 of p(y)/q(y)", p, q, f", y=0, u={u!r}")
-            got = call(fn, label, p, q, 0, u, torch.Generator().manual_seed(0))
+            got = call(fn, label, p, q, 0, u, torch.Generator().manual_seed(salted(0)))
             if not (isinstance(got, tuple) and len(got) == 2) or bool(got[0]) != should:
                 raise CheckFailure(f"{label}: p(y)/q(y) = {ratio!r}, so accepted should be {should}, got "
                                    f"{got!r}. Compare in the precision you are given (float64 here): rounding u or "
                                    "the ratio to float32 (7 significant digits) flips decisions this close to the "
                                    "boundary." + diagnose(for_exercise("verify_token"), [((p, q, 0, u, None), got)]))
-    g = torch.Generator().manual_seed(_SEED)
+    g = torch.Generator().manual_seed(salted(_SEED))
     for desc, p, q in [_pairs()[i] for i in (0, 3, 5)]:
         label = _label("verify_token", desc, p, q, " with y ~ q and u ~ U[0, 1)")
         outputs = []
@@ -177,5 +178,5 @@ def check_verify_token(fn: Callable, n: int = 8_000) -> None:
     wide_q = torch.zeros(40, dtype=torch.float64)
     wide_q[0] = 1.0  # y = 0 is rejected with u = 0.5, and the residual spreads over 39 tokens
     expect_reproducible(fn, "verify_token(p uniform over 40 tokens, q one-hot at y = 0, y=0, u=0.5, generator)",
-                        lambda seed: (wide_p, wide_q, 0, 0.5, torch.Generator().manual_seed(seed)), seeds=range(5))
+                        lambda seed: (wide_p, wide_q, 0, 0.5, torch.Generator().manual_seed(salted(seed))), seeds=range(5))
 

@@ -20,6 +20,7 @@ from specdec.checks.core import (
     upstream_note,
     where_lists_differ,
 )
+from specdec.checks.seeds import salted
 from specdec.ledger import expected_tokens_per_round
 from specdec.mistakes import Mistake, for_exercise
 from specdec.params import StopCriteria, accept_until_stop
@@ -77,7 +78,7 @@ def _release_outcome(args: tuple, returned: Any) -> Outcome:
 
 def _table_cases(seed: int, keep: bool) -> list[tuple[str, tuple]]:
     """Random pools, tables and slot counts, often on a block boundary (k * block_size and one either side)."""
-    rng = random.Random(seed)
+    rng = random.Random(salted(seed))
     cases = []
     for _ in range(160):
         block_size = rng.choice([1, 2, 3, 4, 8, 16])
@@ -97,17 +98,17 @@ def check_reserve_slots(fn: Callable) -> None:
              ("free_blocks=[9, 8], block_table=[3, 4], num_slots=12, block_size=4", ([9, 8], [3, 4], 12, 4)),
              ("free_blocks=[9, 8], block_table=[3], num_slots=12, block_size=4", ([9, 8], [3], 12, 4)),
              ("free_blocks=[9], block_table=[3], num_slots=12, block_size=4", ([9], [3], 12, 4))]
-    _compare_in_place(fn, reserve_slots, fixed + _table_cases(seed=11, keep=False), _table_outcome)
+    _compare_in_place(fn, reserve_slots, fixed + _table_cases(seed=salted(11), keep=False), _table_outcome)
 
 
 def check_release_slots(fn: Callable) -> None:
     fixed = [("free_blocks=[1], block_table=[5, 6, 7], num_kept=5, block_size=4", ([1], [5, 6, 7], 5, 4)),
              ("free_blocks=[], block_table=[5, 6, 7], num_kept=0, block_size=4", ([], [5, 6, 7], 0, 4))]
-    _compare_in_place(fn, release_slots, fixed + _table_cases(seed=12, keep=True), _release_outcome)
+    _compare_in_place(fn, release_slots, fixed + _table_cases(seed=salted(12), keep=True), _release_outcome)
 
 
 def _mapping_cases() -> list[tuple[str, tuple]]:
-    rng = random.Random(13)
+    rng = random.Random(salted(13))
     cases = []
     for _ in range(120):
         block_size = rng.choice([1, 2, 4, 5, 16])
@@ -182,7 +183,7 @@ def _random_row(rng: random.Random, seq_id: int) -> tuple[Seq, list[int], int]:
 
 
 def check_commit_round(fn: Callable) -> None:
-    rng = random.Random(14)
+    rng = random.Random(salted(14))
     cases = []
     for _ in range(150):
         rows = [_random_row(rng, i) for i in range(rng.randrange(1, 6))]
@@ -228,7 +229,7 @@ def _describe(seqs: list[Seq]) -> str:
 
 
 def _schedule_cases() -> list[tuple[str, tuple]]:
-    rng = random.Random(15)
+    rng = random.Random(salted(15))
     long_prompt = Seq(7, [1] * 50, StopCriteria(99))
     cases = [("running=[], waiting=[#7(tokens=50, computed=0)], token_budget=16, num_free_blocks=100, block_size=4",
               ([], [long_prompt], 16, 100, 4))]
@@ -279,7 +280,7 @@ def _gamma_cases() -> list[tuple[str, tuple]]:
              ("alpha=1.0, batch_size=1, target time = tokens, free draft, max_gamma=4 (every gamma ties)",
               (1.0, 1, proportional, free_draft, 4)),
              ("alpha=0.9, batch_size=8, flat target, free draft, max_gamma=0", (0.9, 8, flat, free_draft, 0))]
-    rng = random.Random(16)
+    rng = random.Random(salted(16))
     while len(cases) < 150:
         knee = rng.choice([1, 4, 16, 64, 256])
         base = rng.uniform(1e-3, 2e-2)

@@ -20,6 +20,7 @@ from specdec.checks.core import (
     uniforms_at_zero,
     uniforms_just_below_one,
 )
+from specdec.checks.seeds import salted
 from specdec.checks.stats import compare_frequencies
 from specdec.mistakes import for_exercise
 from specdec.models.model import KVCache, LlamaConfig
@@ -40,7 +41,7 @@ TREES = [
 
 def _random_trees(n: int) -> list[tuple[str, list[tuple[int, ...]]]]:
     """Random trees given as choices in a random order (every prefix of a choice is a choice too)."""
-    rng = random.Random(_SEED + 2)
+    rng = random.Random(salted(_SEED + 2))
     trees = []
     for k in range(n):
         nodes = {()}
@@ -117,7 +118,7 @@ def check_tree_position_ids(fn: Callable) -> None:
 
 def _greedy_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
     """(description, tokens, parents, logits) where the target agrees along random paths."""
-    rng, g = random.Random(_SEED), torch.Generator().manual_seed(_SEED)
+    rng, g = random.Random(salted(_SEED)), torch.Generator().manual_seed(salted(_SEED))
     cases = []
     for k in range(n):
         desc, choices = TREES[k % len(TREES)]
@@ -142,7 +143,7 @@ def _tied_argmax_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Ten
     """The course's vocabulary (256) with logits on three levels: dozens of tied maxima per node. The target's token
     at a node is its argmax, the lowest tied id; children carry that id and other tied ids (an unstable sort or a
     last-index argmax picks one of those)."""
-    rng, g = random.Random(_SEED + 3), torch.Generator().manual_seed(_SEED + 3)
+    rng, g = random.Random(salted(_SEED + 3)), torch.Generator().manual_seed(salted(_SEED + 3))
     cases = []
     for k in range(n):
         desc, choices = TREES[(0, 4, 2)[k % 3]]
@@ -164,7 +165,7 @@ def _tie_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
     """Trees whose siblings may share a token (a Cartesian Medusa tree does), so that several
     children agree with the target at once: the longest agreeing path may run through a later
     sibling, and equally long paths must be decided by the stated tie rule (the earliest node)."""
-    rng, g = random.Random(_SEED + 1), torch.Generator().manual_seed(_SEED + 1)
+    rng, g = random.Random(salted(_SEED + 1)), torch.Generator().manual_seed(salted(_SEED + 1))
     cases = []
     for k in range(n):
         desc, choices = TREES[(0, 2, 4)[k % 3]]
@@ -178,6 +179,12 @@ def _tie_cases(n: int) -> list[tuple[str, torch.Tensor, tuple, torch.Tensor]]:
                 if rng.random() < 0.7:
                     tokens[child] = best[parent]  # this child agrees; so may its siblings
         cases.append((f"{desc} with repeated sibling tokens, case {k}", tokens, tree.parents, logits))
+    # and one built so, whatever the seeds: of the root's children the first disagrees, the second and third agree,
+    # and only the third has an agreeing child
+    logits = torch.full((5, 8), -1.0)
+    logits[0, 2] = logits[1, 0] = logits[2, 7] = logits[3, 3] = logits[4, 4] = 1.0  # argmax 2 at the root; 0, 7, 3, 4
+    cases.append(("two agreeing siblings, the longer path under the later one", torch.tensor([5, 6, 2, 2, 3]),
+                  (-1, 0, 0, 0, 3), logits))
     return cases
 
 
@@ -212,7 +219,7 @@ def _ints(values) -> list[int] | None:
 
 
 def _sampling_scenarios():
-    g = torch.Generator().manual_seed(_SEED)
+    g = torch.Generator().manual_seed(salted(_SEED))
     tree = ref.flatten_tree(TREES[0][1])
     p = torch.softmax(torch.randn(len(tree), 4, generator=g, dtype=torch.float64), -1)
     yield "the notebook's tree, V=4", tree, torch.tensor([0, 2, 0, 3, 1, 2, 1, 0]), p
@@ -242,7 +249,7 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
     """Seeded Monte Carlo of the committed tuple against the exact walk distribution."""
     for desc, tree, tokens, p in _sampling_scenarios():
         label = f"verify_tree_sampling({desc}: tokens={tokens.tolist()}, parents={list(tree.parents)})"
-        g = torch.Generator().manual_seed(_SEED)
+        g = torch.Generator().manual_seed(salted(_SEED))
         runs = []
         for _ in range(n):
             got = call(fn, label, tokens.clone(), tree, p, g)
@@ -264,7 +271,7 @@ def check_verify_tree_sampling(fn: Callable, n: int = 6000) -> None:
     p = torch.full((len(tree), 30), 1 / 30, dtype=torch.float64)
     tokens = torch.arange(len(tree)) % 30
     expect_reproducible(fn, "verify_tree_sampling(the default tree, p uniform over 30 tokens, generator)",
-                        lambda seed: (tokens.clone(), tree, p, torch.Generator().manual_seed(seed)), seeds=range(5))
+                        lambda seed: (tokens.clone(), tree, p, torch.Generator().manual_seed(salted(seed))), seeds=range(5))
 
 
 def _check_tree_at_fixed_uniforms(fn: Callable) -> None:
@@ -298,7 +305,7 @@ def _check_tree_at_fixed_uniforms(fn: Callable) -> None:
     for fixed, desc, toks, tree, probs, (path, committed), why in cases:
         label = f"verify_tree_sampling({desc})"
         with fixed():
-            got = call(fn, label, toks.clone(), tree, probs, torch.Generator().manual_seed(0))
+            got = call(fn, label, toks.clone(), tree, probs, torch.Generator().manual_seed(salted(0)))
         if not (isinstance(got, (tuple, list)) and len(got) == 2) or (_ints(got[0]), _ints(got[1])) != (path, committed):
             raise CheckFailure(f"{label}: expected ({path}, {committed}), got {got!r}: {why}.")
 
@@ -306,7 +313,7 @@ def _check_tree_at_fixed_uniforms(fn: Callable) -> None:
 def check_compact_cache(fn: Callable) -> None:
     config = LlamaConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=16, max_seq_len=40)
     wide = LlamaConfig(vocab_size=16, d_model=12, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=16, max_seq_len=40)
-    g = torch.Generator().manual_seed(_SEED)
+    g = torch.Generator().manual_seed(salted(_SEED))
     cases = [(config, 1, 5, [0, 1, 4, 7], 8), (config, 1, 3, [0], 6), (config, 1, 9, [0, 2, 6], 12),
              (config, 1, 0, [0, 3], 4), (wide, 2, 4, [0, 2, 5], 7), (wide, 3, 6, [0, 1, 3, 8], 10)]
     for config, batch, start, path, written in cases:

@@ -43,6 +43,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -58,6 +59,7 @@ from pathlib import Path
 
 import nbformat
 
+from specdec.checks.seeds import SALT_VARIABLE
 from specdec.course import boxes, sandbox
 from specdec.course.driver import (
     CellGrade,
@@ -84,6 +86,7 @@ class Limits:
     memory_mb: int  # address space of the grading process and its kernel
     isolate: bool  # read-only mounts of everything but the submission's own scratch folder
     sandbox: bool = False  # the kernel in a bubblewrap sandbox, test cells judged outside it (specdec.course.trusted)
+    salt: str = ""  # the run's secret, mixed into the hidden tests' seeds (specdec.checks.seeds); graders see it
 
 
 @dataclass
@@ -410,9 +413,13 @@ def _contained(cmd: list[str], memory_mb: int, protect: list[Path], own: Path, i
     return ["unshare", "--mount", "--propagation", "private", "--", *wrapper] if isolate else wrapper
 
 
-def _private_env(scratch: Path) -> dict[str, str]:
-    """nbgrader's environment with every per-user folder inside the submission's scratch folder."""
+def _private_env(scratch: Path, salt: str = "") -> dict[str, str]:
+    """nbgrader's environment with every per-user folder inside the submission's scratch folder, and the run's
+    secret salt for the hidden tests' seeds (the sandboxed kernel's environment is cleared: it never sees it)."""
     env = nbgrader_env()
+    env.pop(SALT_VARIABLE, None)
+    if salt:
+        env[SALT_VARIABLE] = salt
     for name, sub in (("HOME", "home"), ("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                       ("JUPYTER_DATA_DIR", "data"), ("MPLCONFIGDIR", "mpl"), ("TRITON_CACHE_DIR", "triton")):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
@@ -542,7 +549,7 @@ def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch
     dest = course / "submitted" / student / sub.assignment / f"{sub.assignment}.ipynb"
     dest.parent.mkdir(parents=True)
     nbformat.write(nb, dest)
-    env = _private_env(scratch)
+    env = _private_env(scratch, limits.salt if limits.sandbox else "")
     tree = None
     if limits.sandbox:
         env["SPECDEC_SANDBOX"] = str(_sandbox_settings(scratch, course, sub.assignment, builds[sub.assignment], limits))
@@ -889,7 +896,8 @@ def main(argv: list[str] | None = None) -> int:
                   "util-linux, libseccomp with PyPI's pyseccomp (make setup), and cgroups; for submissions you trust, "
                   "pass --unsafe-no-sandbox", file=sys.stderr)
             return 2
-        limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate(), sandbox=why_not is None)
+        limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate(), sandbox=why_not is None,
+                        salt=secrets.token_hex(16))
         if why_not:
             problems.append(f"sandbox: off ({why_not}; --unsafe-no-sandbox): submissions ran with the grader's rights")
         builds = {slug: _graded_build(scratch_root / f"build-{slug}", release[slug]) for slug in release} \

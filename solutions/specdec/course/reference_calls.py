@@ -14,6 +14,8 @@ import threading
 
 import nbformat
 
+from specdec.course.equivalents import EQUIVALENTS
+
 _PARSE_LOCK = threading.Lock()
 _ast_parse = ast.parse  # the original, kept when the test suite routes every ast.parse through parse() below
 
@@ -57,20 +59,25 @@ def _specdec_names(notebook: nbformat.NotebookNode) -> tuple[dict[str, str], set
     return objects, modules
 
 
-def _calls_reference(function: ast.FunctionDef, objects: dict[str, str], modules: set[str]) -> bool:
+def _calls_specdec(function: ast.FunctionDef, objects: dict[str, str], modules: set[str], names: set[str]) -> str:
+    """The first of ``names`` that ``function`` calls as a ``specdec`` object, or ''."""
     for node in ast.walk(function):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Name) and objects.get(func.id) == function.name:
-            return True
-        if isinstance(func, ast.Attribute) and func.attr == function.name:
+        if isinstance(func, ast.Name) and objects.get(func.id) in names:
+            return objects[func.id]
+        if isinstance(func, ast.Attribute) and func.attr in names:
             root = func.value
             while isinstance(root, ast.Attribute):
                 root = root.value
             if isinstance(root, ast.Name) and root.id in modules:
-                return True
-    return False
+                return func.attr
+    return ""
+
+
+def _calls_reference(function: ast.FunctionDef, objects: dict[str, str], modules: set[str]) -> bool:
+    return bool(_calls_specdec(function, objects, modules, {function.name}))
 
 
 def _defined(source: str) -> set[str]:
@@ -94,6 +101,12 @@ def reference_calls(submission: nbformat.NotebookNode, source: nbformat.Notebook
             if isinstance(node, ast.FunctionDef) and node.name in names and _calls_reference(node, objects, modules):
                 found.append(f"{grade_id}: {node.name} calls specdec's {node.name}, the reference it is meant to "
                              "implement")
+            elif isinstance(node, ast.FunctionDef) and node.name in names:
+                helpers = {h.split(":")[1]: h for h in EQUIVALENTS.get(node.name, ())}
+                helper = _calls_specdec(node, objects, modules, set(helpers))
+                if helper:
+                    found.append(f"{grade_id}: {node.name} calls {helpers[helper].replace(':', '.')}, a helper of the "
+                                 f"package that computes what {node.name} asks for")
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
                 for alias in node.names:
                     if (alias.asname or alias.name) in names:

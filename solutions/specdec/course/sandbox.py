@@ -116,23 +116,38 @@ def missing() -> str | None:
 
 
 def graded_build(dest: Path, exercises: set[str]) -> Path:
-    """A copy of the package for the sandbox: checks and mistakes replaced by stubs, and every top-level function
-    named like one of ``exercises`` (the graded notebook's answers) guarded so that only the package's own code can
-    call it (``specdec.course.withheld``). Returns the copy's root."""
-    shutil.copytree(PACKAGE, dest / "specdec", ignore=shutil.ignore_patterns("__pycache__", *WITHHELD))
+    """A copy of the package for the sandbox, without the answers: checks and mistakes replaced by stubs; every
+    top-level function named like one of ``exercises`` (the graded notebook's answers) cut out of the source, with a
+    stand-in in its place that runs the learner's own (``specdec.course.withheld.LearnersOwn``); every helper that
+    computes what one of them asks for (``specdec.course.equivalents``) watched. No bytecode is copied. Returns the
+    copy's root."""
+    from specdec.course.equivalents import EQUIVALENTS
+
+    shutil.copytree(PACKAGE, dest / "specdec", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", *WITHHELD))
     for folder in WITHHELD:
         for module in (PACKAGE / folder).glob("*.py"):
             (dest / "specdec" / folder).mkdir(exist_ok=True)
             (dest / "specdec" / folder / module.name).write_text(_STUB)
+    watched: dict[str, list[tuple[str, str]]] = {}
+    for exercise in exercises:
+        for helper in EQUIVALENTS.get(exercise, ()):
+            module, name = helper.split(":")
+            watched.setdefault(module, []).append((name, exercise))
     for path in (dest / "specdec").rglob("*.py"):
         if path.parts[-2] == "course":
             continue
-        tree = parse(path.read_text())
-        names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in exercises]
-        if names:
-            wrap = "".join(f"{n} = __import__('specdec.course.withheld', fromlist=['guard']).guard({n})\n"
-                           for n in names)
-            path.write_text(path.read_text() + "\n\n" + wrap)
+        module = ".".join(path.relative_to(dest).with_suffix("").parts).removesuffix(".__init__")
+        lines = path.read_text().splitlines(keepends=True)
+        cut = [node for node in parse("".join(lines)).body if isinstance(node, ast.FunctionDef) and node.name in exercises]
+        for node in sorted(cut, key=lambda n: n.lineno, reverse=True):  # from the bottom, so line numbers hold
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+            lines[first:node.end_lineno] = [
+                f"{node.name} = __import__('specdec.course.withheld', fromlist=['LearnersOwn'])"
+                f".LearnersOwn({node.name!r}, {module!r})  # the reference is not in the graded build\n"]
+        tail = "".join(f"{name} = __import__('specdec.course.withheld', fromlist=['watch']).watch({name}, {exercise!r})\n"
+                       for name, exercise in watched.get(module, []))
+        if cut or tail:
+            path.write_text("".join(lines) + ("\n\n" + tail if tail else ""))
     return dest
 
 

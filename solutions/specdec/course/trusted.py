@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -130,6 +131,22 @@ class _NamedStub:
 CALLBACK_OPS = ("call", "method", "getattr", "getitem", "len", "bool", "iter")
 
 
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Data: numbers, text, tensors, dtypes and the containers and dataclasses of the course (configs) made of them."""
+    if depth > 8:
+        return False
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype,
+                                           torch.device, torch.Size)):
+        return not isinstance(value, torch.nn.Parameter)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(_plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
+    return False
+
+
 def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
     """One operation of channel.Callback on the object it stands for; public attributes only, never a module."""
     if op == "call":
@@ -140,6 +157,11 @@ def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
         value = getattr(target, name)
         if isinstance(value, type(sys)):
             raise AttributeError(f"{name!r} is a module")
+        if op == "getattr" and not _plain(value):
+            # what a check wraps (the model behind a counting wrapper) stays behind it: read, it would be called
+            # uncounted
+            raise AttributeError(f"{name!r}: the grader hands over data attributes only, not the objects behind them "
+                                 f"({type(value).__name__})")
         return value(*args, **kwargs) if op == "method" else value
     if op == "getitem":
         return target[args[0]]

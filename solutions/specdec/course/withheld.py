@@ -1,68 +1,85 @@
-"""Inside a grading sandbox: the references of the graded notebook answer the package's own code only.
+"""Inside a grading sandbox: the graded exercises' references are absent, and the package's code runs the learner's.
 
-``specdec.course.sandbox.graded_build`` wraps each reference of the graded notebook's exercises with :func:`guard`.
-A call from a function of the package (a helper the notebook gives the learner, built on the reference) runs the
-reference; a call from anywhere else (the learner's cells, ``importlib``, ``vars(module)``) raises and leaves evidence
-in the cell's output. This is a wall against copying an answer through the usual doors, not a vault: the reference
-still lives in this process (a submission that digs it out of the wrapper's closure is not stopped here, and gains
-nothing a learner could not write).
+``specdec.course.sandbox.graded_build`` removes each reference of the graded notebook's exercises from its copy of the
+package (source and bytecode) and puts a :class:`LearnersOwn` in its place: a call from the package's own code (a
+helper the notebook gives the learner, built on the exercise) runs the learner's function of that name. A submission
+that reaches for the reference (an import, ``importlib``, ``vars(module)``) finds the stand-in, which says so in the
+cell's output: evidence the grader holds for review. A package helper that computes the same thing as an exercise
+(``specdec.course.equivalents``) stays, watched (:func:`watch`): called from inside the learner's function of that
+exercise, it refuses, and that is evidence too.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-import types
+import threading
 from collections.abc import Callable
 from typing import Any
 
 WITHHELD = "is withheld while grading"
-_codes: dict[str, set[int]] = {}
+_active = threading.local()
 
 
-def _code_ids(module: types.ModuleType) -> set[int]:
-    found: set[int] = set()
-    stack: list[Any] = [v for v in vars(module).values() if isinstance(v, (types.FunctionType, type))]
-    seen: set[int] = set()
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, type) and item.__module__ == module.__name__:
-            stack += [v for v in vars(item).values() if isinstance(v, (types.FunctionType, staticmethod, classmethod,
-                                                                          property))]
-        elif isinstance(item, (staticmethod, classmethod)):
-            stack.append(item.__func__)
-        elif isinstance(item, property):
-            stack += [f for f in (item.fget, item.fset) if f]
-        elif isinstance(item, types.FunctionType) and item.__module__ == module.__name__:
-            stack.append(item.__code__)
-            stack += [c.cell_contents for c in item.__closure__ or () if isinstance(c.cell_contents, types.FunctionType)]
-        elif isinstance(item, types.CodeType):
-            found.add(id(item))
-            stack += [c for c in item.co_consts if isinstance(c, types.CodeType)]
-    return found
+def _learners_namespace() -> dict[str, Any]:
+    """The namespace the notebook's cells run in (IPython's, in a kernel)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
 
 
-def _from_package(code: types.CodeType) -> bool:
-    """True when code is a function of the package's lessons (not of specdec.course, which calls learners' code)."""
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] == "specdec" and not name.startswith("specdec.course") \
-                and getattr(module, "__file__", None) == code.co_filename:
-            if name not in _codes:
-                _codes[name] = _code_ids(module)
-            return id(code) in _codes[name]
-    return False
+class LearnersOwn:
+    """Where the reference of ``exercise`` was: its callers get the learner's ``exercise``."""
+
+    def __init__(self, exercise: str, module: str):
+        self.exercise, self.__name__, self.__module__ = exercise, exercise, module
+        self.__qualname__ = exercise
+
+    def _learners(self) -> Any:
+        found = _learners_namespace().get(self.exercise)
+        if isinstance(found, LearnersOwn):
+            raise RuntimeError(f"{self.__module__}.{self.exercise} {WITHHELD}: the notebook grades your own version "
+                               "of it")
+        if found is None:
+            raise NameError(f"{self.__module__}.{self.exercise} runs your own {self.exercise} while grading: define "
+                            f"{self.exercise} first")
+        return found
+
+    def _entered(self) -> bool:
+        return self in getattr(_active, "stack", ())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._entered():  # the learner's function, reached through this stand-in, came back to it
+            raise RuntimeError(f"{self.__module__}.{self.exercise} {WITHHELD}: your {self.exercise} calls the "
+                               "package's, which is graded as yours")
+        target = self._learners()
+        stack = getattr(_active, "stack", ())
+        _active.stack = (*stack, self)
+        try:
+            return target(*args, **kwargs)
+        finally:
+            _active.stack = stack
+
+    def __getitem__(self, grid: Any) -> Any:  # a Triton kernel: kernel[grid](...)
+        return self._learners()[grid]
+
+    def __repr__(self) -> str:
+        return f"<{self.__module__}.{self.exercise}: the learner's own while grading>"
 
 
-def guard(reference: Callable) -> Callable:
-    @functools.wraps(reference)
-    def withheld(*args: Any, **kwargs: Any) -> Any:
-        if not _from_package(sys._getframe(1).f_code):
-            raise RuntimeError(f"{reference.__module__}.{reference.__name__} {WITHHELD}: the notebook grades your own "
-                               "version of it")
-        return reference(*args, **kwargs)
+def watch(helper: Callable, exercise: str) -> Callable:
+    """``helper`` computes what ``exercise`` asks for: it refuses when called from inside the learner's
+    ``exercise``."""
+    @functools.wraps(helper)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        learners = _learners_namespace()
+        frame = sys._getframe(1)
+        while frame is not None:
+            if frame.f_code.co_name == exercise and frame.f_globals is learners:
+                raise RuntimeError(f"{helper.__module__}.{helper.__name__} {WITHHELD} inside {exercise}: it computes "
+                                   f"what {exercise} asks for")
+            frame = frame.f_back
+        return helper(*args, **kwargs)
 
-    del withheld.__wrapped__
-    return withheld
+    del watched.__wrapped__
+    return watched
