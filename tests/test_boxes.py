@@ -166,3 +166,40 @@ def test_the_kernels_writable_folders_are_bounded():
     done, _ = _run(fill, 7, limits=sandbox.Limits(file_mb=64))
     assert "full after" in done.stdout, done.stdout
     assert int(done.stdout.split("full after")[1].split()[0]) <= 64, done.stdout
+
+
+ENVIRON = r'''
+import os
+first = open("/proc/1/environ", "rb").read()
+print("salt in /proc/1/environ:", b"SPECDEC_CHECK_SALT" in first)
+print("salt in os.environ:", "SPECDEC_CHECK_SALT" in os.environ)
+'''
+
+
+def test_the_runs_salt_never_reaches_the_kernels_box():
+    """Issue 51's review: bubblewrap stays in the box as its first process, with the environment it was started
+    with; started with the grader's, it showed the run's salt in /proc/1/environ."""
+    with tempfile.TemporaryDirectory(prefix="specdec-boxes-") as tmp:
+        scratch = Path(tmp) / "scratch"
+        (scratch / "sandbox").mkdir(parents=True)
+        uid = boxes.grader_uid(8)
+        boxes.give(scratch, uid)
+        cmd = boxes.command(uid, scratch, sandbox.PACKAGE.parent, SLUG,
+                            [sys.executable, "-c", _in_kernel_box(scratch, ENVIRON, sandbox.Limits())],
+                            {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "SPECDEC_CHECK_SALT": "the-secret"})
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert "salt in /proc/1/environ: False" in done.stdout, done.stdout + done.stderr
+    assert "salt in os.environ: False" in done.stdout, done.stdout
+
+
+def test_a_link_is_never_bound_into_a_box(tmp_path):
+    """Issue 51's review: a kernel that left a link where the grader's compile box takes its folder got the grader's
+    own folder bound writable into a box running the kernel's source."""
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(ValueError, match="link"):
+        sandbox.command(tmp_path / "link", sandbox.PACKAGE.parent, ["true"], sandbox.Limits())
+    assert not cohort._plain_file(tmp_path / "link")
+    (tmp_path / "target" / "file").write_text("x")
+    assert cohort._plain_file(tmp_path / "target" / "file")
+    assert not cohort._plain_file(tmp_path / "link" / "file"), "a link among the parents counts too"

@@ -186,3 +186,29 @@ del print
 """
     assert _bound_names(cell) == {"count_params", "checks", "x", "expect_close", "CheckFailure", "compare_frequencies",
                                   "ys", "helper", "MODELS", "len", "print"}
+
+
+def test_a_kernel_never_names_a_graded_reference_or_a_function_where_a_value_is_read():
+    """Issue 51's review: a kernel described the learner's answer as a value naming the reference of the exercise
+    ({"fn": "specdec.greedy:greedy_verify"}), and the test cell ran the reference in the grader."""
+    import specdec.greedy  # noqa: F401 (loaded, as the checks load it)
+
+    forged = {"fn": "specdec.greedy:greedy_verify"}
+    with pytest.raises(channel.ChannelError, match="reference of an exercise"):
+        channel.Decoder(refused_functions=frozenset({"greedy_verify"}))(forged)
+    with pytest.raises(channel.ChannelError, match="value"):
+        channel.Decoder(functions=False)(forged)
+    assert channel.Decoder()(forged).__name__ == "greedy_verify"  # what the kernel's own decoder may read
+
+
+def test_a_callback_never_runs_a_models_machinery():
+    """Issue 51's review: load_state_dict (or a hook, or .half()) on a model a check handed over changed the grader's
+    model for every check after it."""
+    model = torch.nn.Linear(2, 2)
+    before = model.weight.detach().clone()
+    for name, args in (("load_state_dict", [{"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}]),
+                       ("register_forward_hook", [print]), ("half", []), ("apply", [print]), ("train", [False])):
+        with pytest.raises(AttributeError, match="torch.nn.Module"):
+            _operate(model, "method", name, args, {})
+    assert torch.equal(model.weight, before)
+    assert _operate(model, "method", "forward", [torch.ones(1, 2)], {}).shape == (1, 2)

@@ -134,6 +134,17 @@ ATTACKS = {
         "    answer['answer']['count_params'] = {'kind': 'value', 'value': {'fn': 'specdec.paths:os.popen'}}\n"
         "    return json.dumps(answer)\n"
         "__specdec_grader__.describe = _forged\n"), 0),
+    # issue 51's review: the answer described as a value naming the reference itself (the grader's checks load
+    # specdec.ledger, so the name resolved there, and the test cell ran the reference: 10/10, not held)
+    "reference_by_name": (_blank_with(
+        "import json\n"
+        "_describe = __specdec_grader__.describe\n"
+        "def _forged(request):\n"
+        "    answer = json.loads(_describe(request))\n"
+        "    for _name in ('count_params', 'kv_bytes_per_token', 'speedup', 'best_gamma'):\n"
+        "        answer['answer'][_name] = {'kind': 'value', 'value': {'fn': f'specdec.ledger:{_name}'}}\n"
+        "    return json.dumps(answer)\n"
+        "__specdec_grader__.describe = _forged\n"), 0),
     # issue 51: names the tests take from the grader, bound by a for loop, a tuple and a walrus: the test cells ran
     # with the submission's checks and expect_* (10/10 with no answer, not flagged)
     "shadow_names": (_blank_with(
@@ -289,3 +300,11 @@ def test_names_the_tests_take_from_the_grader_cannot_be_shadowed_and_trying_is_h
     row = totals["shadow_names"]
     assert float(row["score"]) == 0 and row["needs_review"] == "True", row
     assert "rebinds names the tests take from the grader" in row["messages"] and "expect_equal" in row["messages"], row
+
+
+@pytest.mark.cohort
+def test_an_answer_described_as_a_name_of_the_package_is_held(attacked):
+    totals, *_ = attacked
+    for name in ("reference_by_name", "named_function"):
+        row = totals[name]
+        assert row["needs_review"] == "True" and "not a function it defined" in row["messages"], row

@@ -94,6 +94,9 @@ class _Done:
     def communicate(self, timeout=None):
         return "", None
 
+    def wait(self, timeout=None):
+        return 0
+
 
 class FakeNbgrader:
     """nbgrader for cohort runs started in the test's own thread (or one it hands to ``adopt``): ``prepare`` makes
@@ -102,18 +105,19 @@ class FakeNbgrader:
 
     def __init__(self, monkeypatch, html: str):
         self.threads, self.roots, self.students, self.html = {threading.current_thread()}, [], [], html
-        real_prepare, real_read_grades = cohort.prepare, cohort.read_grades
+        real_prepare, real_read_grades = cohort.prepare, cohort._read_grades_copy
 
         def prepare(slugs, root):
             if threading.current_thread() not in self.threads:
                 return real_prepare(slugs, root)
             self.roots.append(Path(root))
-            (root / "template").mkdir(parents=True)
+            for slug in slugs:
+                (root / "template" / slug).mkdir(parents=True)
             return root / "template", {slug: read(student_path(slug)) for slug in slugs}
 
-        def read_grades(course, slug, student, cell_timeout_s=driver.CELL_TIMEOUT_S):
+        def read_grades(course, autograded, slug, student, cell_timeout_s=driver.CELL_TIMEOUT_S):
             if not self._ours(course):
-                return real_read_grades(course, slug, student, cell_timeout_s)
+                return real_read_grades(course, autograded, slug, student, cell_timeout_s)
             autograded = course / "autograded" / student / slug / f"{slug}.ipynb"
             if not autograded.exists():
                 raise LookupError("no gradebook entry")
@@ -145,7 +149,7 @@ class FakeNbgrader:
         fake.Popen, fake.run = popen, run
         monkeypatch.setattr(cohort, "subprocess", fake)
         monkeypatch.setattr(cohort, "prepare", prepare)
-        monkeypatch.setattr(cohort, "read_grades", read_grades)
+        monkeypatch.setattr(cohort, "_read_grades_copy", read_grades)
 
     def _ours(self, course: Path) -> bool:
         return any(Path(course).is_relative_to(root) for root in self.roots)

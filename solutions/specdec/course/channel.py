@@ -258,11 +258,14 @@ class Decoder:
 
     def __init__(self, shared: Mapping[str, Any] | None = None, handles: Mapping[str, Any] | None = None,
                  callbacks: Callable[[dict], Callback] | None = None, originals: Mapping[int, Any] | None = None,
-                 trusted_sender: bool = False):
+                 trusted_sender: bool = False, refused_functions: frozenset[str] = frozenset(),
+                 functions: bool = True):
         """``trusted_sender``: the messages come from the grader (the kernel's decoder). Otherwise (the grader's, by
         default) they come from a kernel that may be hostile: names resolve only to what its modules define and
         have loaded, and objects are rebuilt only as plain data (see ``_object``)."""
         self.trusted_sender = trusted_sender
+        self.refused_functions = refused_functions  # the graded exercises: a kernel never names their references
+        self.functions = functions  # False: no function crosses by name at all (what a kernel says a name holds)
         self.shared = dict(shared or {})
         self.originals = originals or {}  # number -> what this side sent under it (an "orig" comes back as it)
         self.handles = handles  # the grader's: key -> the object it handed over
@@ -373,7 +376,12 @@ class Decoder:
                 raise ChannelError(f"numpy dtype {dtype} is not numeric")
             return np.frombuffer(_unb64(data["data"]), dtype=dtype)[0]
         if tag == "fn":
-            return _resolve(data["fn"], want_class=False, may_import=self.trusted_sender)
+            if not self.functions:
+                raise ChannelError("a function by name where the grader reads a value")
+            found = _resolve(data["fn"], want_class=False, may_import=self.trusted_sender)
+            if getattr(found, "__name__", None) in self.refused_functions:
+                raise ChannelError(f"{data['fn']!r} is the reference of an exercise being graded")
+            return found
         return _NONE
 
     def _tensor(self, meta: dict) -> torch.Tensor:

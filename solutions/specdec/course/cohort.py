@@ -74,7 +74,7 @@ from specdec.course.driver import (
 from specdec.course.grading import parse_submission
 from specdec.course.inert import cap, csv_cell, sanitise_html, visible
 from specdec.course.reference_calls import parse_cell, reference_calls
-from specdec.course.trusted import SHADOWED
+from specdec.course.trusted import FORGED, SHADOWED
 from specdec.course.withheld import WITHHELD
 from specdec.paths import REPO_ROOT
 
@@ -413,13 +413,11 @@ def _contained(cmd: list[str], memory_mb: int, protect: list[Path], own: Path, i
     return ["unshare", "--mount", "--propagation", "private", "--", *wrapper] if isolate else wrapper
 
 
-def _private_env(scratch: Path, salt: str = "") -> dict[str, str]:
-    """nbgrader's environment with every per-user folder inside the submission's scratch folder, and the run's
-    secret salt for the hidden tests' seeds (the sandboxed kernel's environment is cleared: it never sees it)."""
+def _private_env(scratch: Path) -> dict[str, str]:
+    """nbgrader's environment with every per-user folder inside the submission's scratch folder (never the run's
+    salt: the grader reads it from its settings file)."""
     env = nbgrader_env()
     env.pop(SALT_VARIABLE, None)
-    if salt:
-        env[SALT_VARIABLE] = salt
     for name, sub in (("HOME", "home"), ("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                       ("JUPYTER_DATA_DIR", "data"), ("MPLCONFIGDIR", "mpl"), ("TRITON_CACHE_DIR", "triton")):
         (scratch / sub).mkdir(parents=True, exist_ok=True)
@@ -433,7 +431,8 @@ def _sandbox_settings(scratch: Path, course: Path, assignment: str, build: Path,
     own = scratch / "sandbox"
     own.mkdir()
     path = scratch / "sandbox.json"
-    path.write_text(json.dumps({"own": str(own), "build": str(build), "assignment": assignment,
+    path.touch(mode=0o600)  # the run's salt is in it: the grader alone reads it (the kernel never sees scratch)
+    path.write_text(json.dumps({"own": str(own), "build": str(build), "assignment": assignment, "salt": limits.salt,
                                 "limits": {"cpu_s": int(limits.timeout_s) + 60, "memory_mb": limits.memory_mb}}))
     with open(course / "nbgrader_config.py", "a") as f:
         f.write("\nfrom nbgrader.converters import Autograde\n"
@@ -453,12 +452,12 @@ def _held(sub: Submission, log: str, autograded: Path) -> None:
         if marker in text:
             sub.needs_review = True
             sub.messages.append(f"held for review: the submission {why}")
-    for line in log.splitlines():  # from the grader's own log only: a submission cannot write it
-        if SHADOWED in line:
-            sub.needs_review = True
-            sub.messages.append(f"held for review: the submission {line[line.index(SHADOWED):][:300]} (the tests "
-                                "used the grader's)")
-            break
+    for marker, then in ((SHADOWED, " (the tests used the grader's)"), (FORGED, " (the tests had nothing to call)")):
+        for line in log.splitlines():  # from the grader's own log only: a submission cannot write it
+            if marker in line:
+                sub.needs_review = True
+                sub.messages.append(f"held for review: the submission {line[line.index(marker):][:300]}{then}")
+                break
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -549,7 +548,7 @@ def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch
     dest = course / "submitted" / student / sub.assignment / f"{sub.assignment}.ipynb"
     dest.parent.mkdir(parents=True)
     nbformat.write(nb, dest)
-    env = _private_env(scratch, limits.salt if limits.sandbox else "")
+    env = _private_env(scratch)
     tree = None
     if limits.sandbox:
         env["SPECDEC_SANDBOX"] = str(_sandbox_settings(scratch, course, sub.assignment, builds[sub.assignment], limits))
@@ -582,12 +581,18 @@ def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out
             sub.messages.append(stopped)
         log_file.seek(0)
         log = log_file.read(LOG_LIMIT)
+    if tree is not None:  # nothing of the submission runs while this process (root) reads what it wrote
+        tree.kill()
     if tree is not None and tree.out_of_memory():
         sub.messages.append(f"ran out of memory: the submission's processes together passed the {limits.memory_mb} MB "
                             "limit and one was killed (look for a tensor or a list that grows without end)")
     autograded = course / "autograded" / student / sub.assignment / f"{sub.assignment}.ipynb"
-    if autograded.is_symlink():
-        autograded.unlink()
+    gradebook = course / "gradebook.db"
+    for path in (autograded, gradebook):
+        if os.path.lexists(path) and not _plain_file(path):
+            sub.needs_review = True
+            sub.messages.append(f"held for review: the grader's {path.name} was not a plain file of its own folder")
+            return
     if "DeadKernelError" in log or "kernel died" in log.lower():
         sub.messages.append("the Python kernel died while running the notebook (os._exit, a crash, or running out "
                             f"of the {limits.memory_mb} MB memory limit); nbgrader then scores the whole notebook 0: "
@@ -600,7 +605,7 @@ def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out
             sub.messages.append(f"printed too much: {cut / 1e6:.1f} MB of output cut from the feedback (each output "
                                 f"keeps its first {OUTPUT_LIMIT // 1000} kB; the scores are unaffected)")
     try:
-        sub.grades = read_grades(course, sub.assignment, student, limits.cell_timeout_s)
+        sub.grades = _read_grades_copy(course, autograded, sub.assignment, student, limits.cell_timeout_s)
         sub.graded = True
     except Exception:  # no gradebook entry: autograde never got to record this submission
         sub.messages.append("nbgrader could not grade this notebook; its log: "
@@ -612,11 +617,30 @@ def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out
         feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={student}",
                     "--force", f"--CourseDirectory.root={course}"]
         subprocess.run(contained(feedback), cwd=course, env=env, capture_output=True, timeout=300, process_group=0)
+        if tree is not None:
+            tree.kill()
         html = course / "feedback" / student / sub.assignment / f"{sub.assignment}.html"
-        if html.is_file() and not html.is_symlink():
+        if _plain_file(html):
             publish_feedback(html, out / "feedback" / sub.student / f"{sub.assignment}.html")
     except Exception as err:
         sub.messages.append(f"no feedback written: {type(err).__name__}: {cap(str(err), 300)}")
+
+
+def _plain_file(path: Path) -> bool:
+    """A regular file reached through no link (what a grader's folder holds is read by root only so)."""
+    return path.is_file() and os.path.realpath(path) == os.path.abspath(path)
+
+
+def _read_grades_copy(course: Path, autograded: Path, slug: str, student: str, cell_timeout_s: float) -> list:
+    """read_grades on copies of the gradebook and the autograded notebook in a folder of this process's own."""
+    with tempfile.TemporaryDirectory(prefix="gradebook-") as tmp:
+        copy = Path(tmp)
+        shutil.copyfile(course / "gradebook.db", copy / "gradebook.db", follow_symlinks=False)
+        if autograded.exists():
+            target = copy / "autograded" / student / slug / f"{slug}.ipynb"
+            target.parent.mkdir(parents=True)
+            shutil.copyfile(autograded, target, follow_symlinks=False)
+        return read_grades(copy, slug, student, cell_timeout_s)
 
 
 #: Tasks (processes and threads) in one submission's tree: its grader's, its kernel's and what the kernel starts.

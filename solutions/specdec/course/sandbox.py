@@ -67,7 +67,10 @@ DENIED = ("add_key", "keyctl", "request_key", "ptrace", "process_vm_readv", "pro
           "quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl", "uselib", "ustat", "sysfs", "_sysctl",
           "syslog", "vhangup", "iopl", "ioperm", "settimeofday", "stime", "clock_settime", "clock_adjtime",
           "adjtimex", "personality", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
-          "mbind", "set_mempolicy", "move_pages", "vm86", "vm86old")
+          "mbind", "set_mempolicy", "move_pages", "vm86", "vm86old", "pidfd_getfd", "process_madvise")
+AF_VSOCK = 40  # sockets to the host of a virtual machine: not in any namespace
+#: What never enters a box's environment: the run's secret salt for the hidden tests' seeds.
+PRIVATE = frozenset({"SPECDEC_CHECK_SALT"})
 #: clone's flags that make a namespace (CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME).
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
 
@@ -88,6 +91,7 @@ def seccomp_filter() -> Path:
             rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
     for flag in NAMESPACE_FLAGS:
         rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, AF_VSOCK))
     if seccomp.resolve_syscall(arch, "clone3") >= 0:
         rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     path = Path(tempfile.mkdtemp(prefix="specdec-seccomp-")) / "kernel.bpf"
@@ -155,6 +159,8 @@ def command(own: Path, build: Path, cmd: list[str], limits: Limits, env: dict[st
     """``cmd`` inside a kernel's box whose only writable folders are ``own`` and its tmpfs, and whose package is
     ``build``. Run by an unprivileged process (the grader's uid is the box's uid outside); run as root, the box is
     started as nobody, so that it is never root outside its namespace."""
+    if own.is_symlink() or not own.is_dir():
+        raise ValueError(f"{own} is not a folder of its own (a link is never bound into a box)")
     python = Path(sys.base_prefix)
     venv = Path(sys.prefix)
     size = str(limits.file_mb * 2**20)
@@ -172,13 +178,16 @@ def command(own: Path, build: Path, cmd: list[str], limits: Limits, env: dict[st
     base = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "MPLCONFIGDIR": "/tmp/mpl",
             "TRITON_CACHE_DIR": "/tmp/triton", "PYTHONNOUSERSITE": "1", "LANG": "C.UTF-8"}
     for key, value in {**base, **(env or {})}.items():
-        args += ["--setenv", key, value]
+        if key not in PRIVATE:
+            args += ["--setenv", key, value]
     args += ["--", "prlimit", f"--cpu={limits.cpu_s}", f"--as={limits.memory_mb * 2**20}",
              f"--nproc={limits.processes}", f"--nofile={limits.open_files}", f"--fsize={limits.file_mb * 2**20}",
              "--core=0", "--", *cmd]
     as_nobody = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups"] if os.geteuid() == 0 else []
-    # bubblewrap reads the filter from a descriptor: the shell opens it as fd 3 and becomes bubblewrap
-    return [*as_nobody, "/bin/sh", "-c", 'exec "$@" 3<"$0"', str(seccomp_filter()), *args]
+    # bubblewrap reads the filter from a descriptor: the shell opens it as fd 3 and becomes bubblewrap. It starts
+    # with an empty environment (env -i): bubblewrap's own process stays in the box as its first process, and its
+    # environment would be readable there (/proc/1/environ), the grader's included
+    return [*as_nobody, "/usr/bin/env", "-i", "/bin/sh", "-c", 'exec "$@" 3<"$0"', str(seccomp_filter()), *args]
 
 
 def _parents(*paths: Path) -> list[str]:

@@ -26,6 +26,7 @@ import random
 import re
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Unicode
 
+from specdec.checks.seeds import SALT_VARIABLE
 from specdec.course import channel, instruments, sandbox
 from specdec.course.driver import source_notebook
 from specdec.course.reference_calls import parse_cell
@@ -131,6 +133,15 @@ class _NamedStub:
 CALLBACK_OPS = ("call", "method", "getattr", "getitem", "len", "bool", "iter")
 
 
+def _plain_data(message: Any) -> bool:
+    """True when an encoded value names no function, handle or object (a skeleton's ``count_params = None``)."""
+    if isinstance(message, dict):
+        return not ({"fn", "h", "o", "x", "ref"} & set(message)) and all(_plain_data(v) for v in message.values())
+    if isinstance(message, list):
+        return all(_plain_data(v) for v in message)
+    return True
+
+
 def _plain(value: Any, depth: int = 0) -> bool:
     """Data: numbers, text, tensors, dtypes and the containers and dataclasses of the course (configs) made of them."""
     if depth > 8:
@@ -154,6 +165,12 @@ def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
     if op in ("method", "getattr"):
         if not channel.PUBLIC_NAME.fullmatch(name):
             raise AttributeError(f"{name!r}: only public attributes of the grader's objects can be read")
+        if isinstance(target, torch.nn.Module) and getattr(type(target), name, None) is getattr(torch.nn.Module, name,
+                                                                                                 object()):
+            # load_state_dict, register_forward_hook, to, half, apply, train...: a model's machinery, which would
+            # change the grader's model for every check after this one; a kernel calls the model's own methods only
+            raise AttributeError(f"{name!r}: torch.nn.Module's own methods of the grader's model are not called from "
+                                 "the sandbox")
         value = getattr(target, name)
         if isinstance(value, type(sys)):
             raise AttributeError(f"{name!r} is a module")
@@ -183,6 +200,8 @@ class Grader:
         self.own, self.timeout_s = own, timeout_s
         self.deadline = float("inf")
         self.shared: dict[str, Any] = {}
+        self.refused: frozenset[str] = frozenset()  # the graded exercises: their references never cross by name
+        self.forged: set[str] = set()  # answers the kernel described as something other than a function
         self.handles: dict[str, Any] = {}  # what this grader handed the kernel by handle (channel.Callback)
         self._handle_keys: dict[int, str] = {}
         self._handles_made = 0  # keys never repeat, so a proxy kept from an earlier cell finds nothing
@@ -332,7 +351,8 @@ class Grader:
             target = self.handles.get(message.get("h"))
             if target is None:
                 raise channel.ChannelError(f"unknown handle {message.get('h')!r}")
-            call = channel.Decoder(self.shared, handles=self.handles, originals=self.sent)(message["call"])
+            call = channel.Decoder(self.shared, handles=self.handles, originals=self.sent,
+                                   refused_functions=self.refused)(message["call"])
             args, kwargs, name = call["args"], call["kwargs"], str(message.get("name", ""))
             torch.set_rng_state(call["rng"])
             random.setstate(call["py_random"])
@@ -362,8 +382,12 @@ class Grader:
             if not isinstance(item, dict) or item.get("kind") not in ("function", "kernel", "value"):
                 continue
             if item["kind"] == "value":
+                if name in self.refused and not _plain_data(item["value"]):  # an answer is a function, or data
+                    self.forged.add(name)
+                    out[name] = channel.Opaque("value", f"{name} is not a function the learner defined")
+                    continue
                 try:
-                    out[name] = channel.Decoder(self.shared, handles=self.handles)(item["value"])
+                    out[name] = channel.Decoder(self.shared, functions=False)(item["value"])
                 except channel.ChannelError as err:
                     out[name] = channel.Opaque("value", str(err))
             else:
@@ -388,7 +412,8 @@ class Grader:
         self.sent = encoder.objects  # what this call sent, by number: it comes back as itself, changed in place
         answer = self._exchange({"op": "serve", "shared": list(self.shared), "call": encoded})
         try:
-            outcome = channel.Decoder(self.shared, handles=self.handles, originals=self.sent)(answer)
+            outcome = channel.Decoder(self.shared, handles=self.handles, originals=self.sent,
+                                      refused_functions=self.refused)(answer)
         except channel.ChannelError as err:
             raise TypeError(f"{name} returned something the grader cannot read: {err}") from None
         if not isinstance(outcome, dict) or not {"args", "kwargs", "rng", "measured"} <= set(outcome):
@@ -466,6 +491,7 @@ def _bound_names(source: str) -> set[str]:
 
 #: Logged (and read by cohort grading) when a submission binds a name the tests take from the grader.
 SHADOWED = "rebinds names the tests take from the grader, not from it"
+FORGED = "sent, for an answer the tests call, something that is not a function it defined"
 
 
 def _used_names(source: str) -> set[str]:
@@ -491,6 +517,8 @@ class TrustedExecute(Execute):
 
     def preprocess(self, nb: NotebookNode, resources: dict, km: Any = None) -> tuple[NotebookNode, dict]:
         conf = settings()
+        if conf.get("salt"):  # the run's secret, from a file only this grader can read: never on a command line
+            os.environ[SALT_VARIABLE] = conf["salt"]
         self.kernel_manager_class = SandboxedKernelManager
         self.own = Path(conf["own"])
         (self.own / "work").mkdir(exist_ok=True)
@@ -501,10 +529,14 @@ class TrustedExecute(Execute):
         self._trusted_ns: dict[str, Any] | None = None
         self._learner_names: set[str] = set()
         self._bound: set[str] = set()  # what the submission's answer cells bind
+        self._forged: set[str] = set()  # answers the kernel described as something other than its function
         nb, resources = super().preprocess(nb, resources, km)
         shadowed = sorted(self._bound & (set(self._trusted_ns or ()) | set(dir(builtins))) - self._learner_names)
         if shadowed:
             self.log.warning("%s: %s", SHADOWED, ", ".join(shadowed)[:500])
+        forged = sorted(self._forged | (self._grader.forged if self._grader is not None else set()))
+        if forged:
+            self.log.warning("%s: %s", FORGED, ", ".join(forged)[:500])
         return nb, resources
 
     def create_kernel_manager(self) -> AsyncKernelManager:
@@ -540,10 +572,14 @@ class TrustedExecute(Execute):
 
         self._grader = Grader(self.km.get_connection_info(), self.own, float(self.timeout or 120), alive)
         conf = settings()
-        scratch = self.own / "untrusted"
-        scratch.mkdir(exist_ok=True)
-        instruments.untrusted_command = lambda cmd, env: sandbox.command(
-            scratch, Path(conf["build"]), cmd, sandbox.Limits(**conf["limits"]), env)
+
+        def untrusted_command(cmd: list[str], env: dict[str, str]) -> list[str]:
+            # a fresh folder in the grader's private /tmp each time: never one inside the kernel's folder, where the
+            # kernel could have left a link to the grader's own files in its place
+            return sandbox.command(Path(tempfile.mkdtemp(prefix="untrusted-")), Path(conf["build"]), cmd,
+                                   sandbox.Limits(**conf["limits"]), env)
+
+        instruments.untrusted_command = untrusted_command
 
     def _trusted_namespace(self) -> dict[str, Any]:
         """The course's locked cells (from the instructor notebook) that need nothing of the learner, run here."""
@@ -566,6 +602,7 @@ class TrustedExecute(Execute):
                         pass
             self._trusted_ns = ns
             assert self._grader is not None
+            self._grader.refused = frozenset(self._learner_names)
             self._grader.shared = {k: v for k, v in ns.items() if isinstance(v, torch.nn.Module)}
         return self._trusted_ns
 
@@ -601,6 +638,7 @@ class TrustedExecute(Execute):
 
     async def _async_cleanup_kernel(self) -> None:
         if getattr(self, "_grader", None) is not None:
+            self._forged |= self._grader.forged
             self._grader.close()
             self._grader = None
         await super()._async_cleanup_kernel()
