@@ -23,6 +23,15 @@ class CheckFailure(AssertionError):
     """A learner's function gave a wrong answer; the message says how to fix it."""
 
 
+def hidden_check(name: str) -> Callable[..., None]:
+    """What stands where a hidden test was, in the student edition (``specdec.course.edition``)."""
+    def hidden(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(f"{name} is a hidden test: it is not in the student edition (your instructor grades it)")
+
+    hidden.__name__ = name
+    return hidden
+
+
 def fmt(value: Any) -> str:
     """Numbers the way a person reads them: 6,738,415,616 and 3.3616."""
     if isinstance(value, bool):

@@ -132,27 +132,35 @@ def graded_build(dest: Path, exercises: set[str]) -> Path:
         for module in (PACKAGE / folder).glob("*.py"):
             (dest / "specdec" / folder).mkdir(exist_ok=True)
             (dest / "specdec" / folder / module.name).write_text(_STUB)
-    watched: dict[str, list[tuple[str, str]]] = {}
-    for exercise in exercises:
-        for helper in EQUIVALENTS.get(exercise, ()):
+    cut_references(dest / "specdec", exercises, {e: EQUIVALENTS.get(e, ()) for e in exercises})
+    return dest
+
+
+def cut_references(package: Path, exercises: set[str], watched: dict[str, tuple[str, ...]] | None = None) -> None:
+    """In a copy of the package at ``package``: every top-level function of the lessons named like one of
+    ``exercises`` cut out of its source, a stand-in in its place that runs the learner's own
+    (``specdec.course.withheld.LearnersOwn``); each helper in ``watched`` (exercise -> "module:function") wrapped by
+    ``withheld.watch``. ``specdec.course`` is left as it is."""
+    helpers: dict[str, list[tuple[str, str]]] = {}
+    for exercise, names in (watched or {}).items():
+        for helper in names:
             module, name = helper.split(":")
-            watched.setdefault(module, []).append((name, exercise))
-    for path in (dest / "specdec").rglob("*.py"):
-        if path.parts[-2] == "course":
+            helpers.setdefault(module, []).append((name, exercise))
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] == "course":
             continue
-        module = ".".join(path.relative_to(dest).with_suffix("").parts).removesuffix(".__init__")
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__")
         lines = path.read_text().splitlines(keepends=True)
         cut = [node for node in parse("".join(lines)).body if isinstance(node, ast.FunctionDef) and node.name in exercises]
         for node in sorted(cut, key=lambda n: n.lineno, reverse=True):  # from the bottom, so line numbers hold
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
             lines[first:node.end_lineno] = [
                 f"{node.name} = __import__('specdec.course.withheld', fromlist=['LearnersOwn'])"
-                f".LearnersOwn({node.name!r}, {module!r})  # the reference is not in the graded build\n"]
+                f".LearnersOwn({node.name!r}, {module!r})  # the reference is not in this copy of the package\n"]
         tail = "".join(f"{name} = __import__('specdec.course.withheld', fromlist=['watch']).watch({name}, {exercise!r})\n"
-                       for name, exercise in watched.get(module, []))
+                       for name, exercise in helpers.get(module, []))
         if cut or tail:
             path.write_text("".join(lines) + ("\n\n" + tail if tail else ""))
-    return dest
 
 
 def command(own: Path, build: Path, cmd: list[str], limits: Limits, env: dict[str, str] | None = None) -> list[str]:
