@@ -131,8 +131,11 @@ grade: $(STAMP)
 		$(if $(filter no,$(MODEL_ANSWERS)),--no-model-answers,)
 
 grade-cohort: $(STAMP) $(SANDBOX_STAMP)
-	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades]"; exit 2; }
-	$(BIN)/python -m specdec.course.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)"
+	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades] [TIMEOUT=600] [CELL_TIMEOUT=120] [MEMORY_MB=8192] [ASSIGNMENT=slug ...] [STUDENT=name ...]"; exit 2; }
+	$(BIN)/python -m specdec.course.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)" \
+		$(if $(TIMEOUT),--timeout $(TIMEOUT),) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),) \
+		$(if $(MEMORY_MB),--memory-mb $(MEMORY_MB),) $(foreach a,$(ASSIGNMENT),--assignment $(a)) \
+		$(foreach s,$(STUDENT),--student $(s))
 
 drill: $(STAMP)
 	@$(BIN)/python -m specdec.drill $(if $(TOPIC),--topic $(TOPIC),) $(if $(SEED),--seed $(SEED),) $(if $(COUNT),--count $(COUNT),)

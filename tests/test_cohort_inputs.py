@@ -411,7 +411,22 @@ def test_a_name_that_is_not_utf8_has_a_shard_and_merges(tmp_path):
     cohort.merge([tmp_path / "shard-0", tmp_path / "shard-1"], tmp_path / "all")
     (row,) = _rows(tmp_path / "all" / "totals.csv")
     assert row["student"] == "Jos\\xe9\\x1b[8m" and row["messages"].endswith("line\\nalice/01_cost_ledger: fine")
-    assert (tmp_path / "all" / "report.txt").read_text().count("\n") == 1
+    report = (tmp_path / "all" / "report.txt").read_text().splitlines()
+    assert len([line for line in report if not line.startswith("summary: ")]) == 1, report
+
+
+def test_the_report_always_opens_with_a_summary_and_filters_pick_the_submissions(tmp_path, nbgrader):
+    submitted = tmp_path / "submitted"
+    for student in ("alice", "bob"):
+        _submit(submitted, student)
+    run = _grade(tmp_path)
+    assert run.report.splitlines()[:2] == ["summary: 2 of 2 submissions graded; 0 held for review; 0 flagged; 0 not "
+                                           "graded", f"summary: {SLUG}: 2 graded, mean 0.00 of 2 automatic points"]
+    out = tmp_path / "bob-only"
+    assert cohort.main(["--unsafe-no-sandbox", str(submitted), "--out", str(out), "--student", "bob", "--quiet"]) == 0
+    assert [r["student"] for r in _rows(out / "totals.csv")] == ["bob"]
+    assert cohort.main(["--unsafe-no-sandbox", str(submitted), "--out", str(tmp_path / "none"), "--assignment",
+                        "02_greedy_verify", "--quiet"]) == 2  # nothing of that assignment: said, not an empty run
 
 
 def test_a_folder_without_its_notebook_is_a_row(tmp_path, nbgrader):

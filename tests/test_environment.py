@@ -103,3 +103,24 @@ def test_torch_cpu_installs_the_pinned_torch_from_pytorchs_cpu_index_first(tmp_p
     wrong = subprocess.run(["make", "setup", "TORCH=cuda", f"VENV={tmp_path / 'venv'}"], cwd=REPO_ROOT,
                            capture_output=True, text=True)
     assert wrong.returncode != 0 and "use TORCH=cpu" in wrong.stdout and not (tmp_path / "venv").exists()
+
+
+def test_the_cluster_image_installs_what_setup_installs_and_no_cohort_data():
+    """Issue 52: the grading image installed other extras than `make setup` and copied the host's .git, .venv,
+    submissions and gradebook into the image."""
+    cluster = REPO_ROOT / "grader" / "cluster"
+    setup = re.search(r'pip install [^\n]*-e "(\.\[[^\]]*\])"', (REPO_ROOT / "Makefile").read_text()).group(1)
+    assert f'-e "{setup}"' in (cluster / "Dockerfile").read_text()
+    ignored = (cluster / "Dockerfile.dockerignore").read_text().split()
+    for kept_out in (".git", ".venv", "grader/submitted", "grader/gradebook.db", "grader/autograded", "cohort-grades"):
+        assert kept_out in ignored, kept_out
+    assert "grader/grades.csv" in (REPO_ROOT / ".gitignore").read_text().split()
+
+
+def test_make_grade_cohort_passes_the_limits_and_filters_through():
+    dry = subprocess.run(["make", "-n", "grade-cohort", "SUBMITTED=s", "TIMEOUT=90", "CELL_TIMEOUT=30", "MEMORY_MB=2048",
+                          "ASSIGNMENT=01_cost_ledger", "STUDENT=alice bob"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    for option in ("--timeout 90", "--cell-timeout 30", "--memory-mb 2048", "--assignment 01_cost_ledger",
+                   "--student alice", "--student bob"):
+        assert option in dry, (option, dry)

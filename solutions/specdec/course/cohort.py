@@ -732,6 +732,21 @@ def _first_line(text: str) -> str:
     return (text.splitlines() or [""])[0]
 
 
+def report_summary(subs: list[Submission]) -> list[str]:
+    """report.txt's first lines, written for every cohort (a clean one too): how many were graded, held, flagged,
+    and each assignment's mean of the automatic points."""
+    graded = [s for s in subs if s.graded]
+    lines = [f"summary: {len(graded)} of {len(subs)} submissions graded; {sum(s.needs_review for s in subs)} held for "
+             f"review; {sum(s.flagged for s in subs)} flagged; {len(subs) - len(graded)} not graded"]
+    for assignment in sorted({s.assignment for s in graded}):
+        rows = [s for s in graded if s.assignment == assignment]
+        scores = [sum(g.score for g in s.grades if not g.written) for s in rows]
+        most = max(sum(g.max_score for g in s.grades if not g.written) for s in rows)
+        lines.append(visible(f"summary: {assignment}: {len(rows)} graded, mean {statistics.mean(scores):.2f} of "
+                             f"{most:g} automatic points", LINE_LIMIT))
+    return lines
+
+
 def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> None:
     """The four result files. Every name, message and quoted line in them is the submission's to choose: each is
     written with its control characters escaped and its length capped (specdec.course.inert), and in the CSVs a
@@ -757,7 +772,7 @@ def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> Non
                              f"{sum(g.max_score for g in s.grades if g.written):g}", s.flagged, s.needs_review,
                              f"{s.seconds:.1f}", csv_cell(" | ".join(s.messages), MESSAGES_LIMIT)])
     (out / "summary.json").write_text(json.dumps(summarise(subs), indent=1))
-    lines = [visible(p, LINE_LIMIT) for p in problems]
+    lines = report_summary(subs) + [visible(p, LINE_LIMIT) for p in problems]
     lines += [visible(f"{s.student}/{s.assignment}: {m}", LINE_LIMIT) for s in subs for m in s.messages]
     (out / "report.txt").write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
 
@@ -881,6 +896,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="grade without the sandbox, also where it can start (only for submissions you trust: their "
                              "code then runs with the grader's rights and can change its own score)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors (the results are in --out)")
+    parser.add_argument("--assignment", action="append", default=[], metavar="SLUG",
+                        help="grade only this assignment (repeatable)")
+    parser.add_argument("--student", action="append", default=[], metavar="NAME",
+                        help="grade only this student's submissions (repeatable; a regrade of one student)")
     parser.add_argument("--shard", type=parse_shard, metavar="K/N",
                         help="grade only shard K of N (students split by a hash of their name; 0 <= K < N) and "
                              "write shard.json for merge")
@@ -892,6 +911,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or args.timeout <= 0 or args.cell_timeout <= 0 or args.memory_mb < 512:
         parser.error("--workers >= 1, --timeout > 0, --cell-timeout > 0 and --memory-mb >= 512, please")
     subs, problems = find_submissions(args.submitted, assignments())
+    if args.assignment or args.student:
+        subs = [s for s in subs if (not args.assignment or s.assignment in args.assignment)
+                and (not args.student or s.student in args.student)]
+        problems = [p for p in problems if not args.student or _problem_student(p) in args.student]
     for index, sub in enumerate(subs):
         sub.index = index
     if args.shard:
