@@ -94,16 +94,20 @@ def test_what_cannot_cross_is_handed_over_and_answered_by_its_owner():
 
 def test_a_callback_reads_data_attributes_only_never_the_object_behind_a_wrapper():
     """Issue 51: a counting wrapper's model, read through a callback, came into the kernel as a copy that the learner's
-    code could call uncounted (one target call per round, checked, while the copy did the work)."""
+    code could call uncounted (one target call per round, checked, while the copy did the work). A torch model read
+    so goes back by handle (notebooks 12 and 14 read a model's embed_tokens): its calls are the grader's."""
     counting = CountingLM(ToyLM(7, seed=0))
     wrapper = type("Wrapper", (), {})()
     wrapper.model, wrapper.config, wrapper.shape = ToyLM(5, seed=1), {"vocab": 5, "dims": (2, 3)}, torch.Size([2])
     wrapper.layer, wrapper.weight = torch.nn.Linear(2, 2), torch.nn.Parameter(torch.zeros(2))
-    for target, name in ((counting, "_model"), (wrapper, "model"), (wrapper, "layer"), (wrapper, "weight")):
+    for target, name in ((counting, "_model"), (wrapper, "model")):
         with pytest.raises(AttributeError):
             _operate(target, "getattr", name, [], {})
+    assert _operate(wrapper, "getattr", "layer", [], {}) is wrapper.layer  # a model goes back by handle: counted here
+    assert channel.needs_handle(wrapper.layer) and not channel.needs_handle(wrapper.model)
     assert _operate(wrapper, "getattr", "config", [], {}) == {"vocab": 5, "dims": (2, 3)}
     assert _operate(wrapper, "getattr", "shape", [], {}) == torch.Size([2])
+    assert _operate(wrapper, "getattr", "weight", [], {}) is wrapper.weight  # data: the kernel gets a copy
     assert _operate(counting, "getattr", "vocab_size", [], {}) == 7
     assert counting.calls == 0
 

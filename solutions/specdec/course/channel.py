@@ -118,7 +118,7 @@ class Encoder:
             return {"@": self.ids[id(value)]}
         if kind is Callback:
             return {"h": value._key}
-        if self.handle is not None and _needs_handle(value):
+        if self.handle is not None and needs_handle(value):
             return self.handle(value)
         if kind in (torch.dtype, torch.device, torch.Size, slice, range) or isinstance(value, (np.generic, enum.Enum)):
             return self._atom(value, depth)
@@ -201,7 +201,7 @@ def _is_data(value: Any) -> bool:
             or not callable(value))
 
 
-def _needs_handle(value: Any) -> bool:
+def needs_handle(value: Any) -> bool:
     """True for what the grader hands over by handle: a module not shared by key, an object or function of a module the
     sandbox does not have, and a function the sandbox cannot find by name (a lambda, a closure)."""
     if isinstance(value, torch.nn.Module):

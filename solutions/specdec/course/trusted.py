@@ -148,7 +148,7 @@ def _plain(value: Any, depth: int = 0) -> bool:
         return False
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.Tensor, torch.dtype,
                                            torch.device, torch.Size)):
-        return not isinstance(value, torch.nn.Parameter)
+        return True  # a tensor (a model's weight too) crosses as a copy of its data
     if isinstance(value, (list, tuple, set, frozenset)):
         return all(_plain(v, depth + 1) for v in value)
     if isinstance(value, dict):
@@ -174,11 +174,11 @@ def _operate(target: Any, op: str, name: str, args: list, kwargs: dict) -> Any:
         value = getattr(target, name)
         if isinstance(value, type(sys)):
             raise AttributeError(f"{name!r} is a module")
-        if op == "getattr" and not _plain(value):
-            # what a check wraps (the model behind a counting wrapper) stays behind it: read, it would be called
-            # uncounted
-            raise AttributeError(f"{name!r}: the grader hands over data attributes only, not the objects behind them "
-                                 f"({type(value).__name__})")
+        if op == "getattr" and not (_plain(value) or channel.needs_handle(value)):
+            # data, or what goes back as a handle (a model, whose calls the grader runs and counts); never an object
+            # copied into the kernel (the model behind a counting wrapper, called there uncounted)
+            raise AttributeError(f"{name!r}: the grader hands over data attributes and models by handle, not copies of "
+                                 f"the objects behind them ({type(value).__name__})")
         return value(*args, **kwargs) if op == "method" else value
     if op == "getitem":
         return target[args[0]]
