@@ -64,6 +64,10 @@ def build(dest: Path, released: list[str], answers: list[str]) -> Path:
         raise ValueError(f"no assignment {', '.join(unknown)} (the course has {', '.join(slugs)})")
     if dest.exists():
         raise FileExistsError(f"{dest} exists: the edition is built into a new folder")
+    needs = needed_answers(released, answers)
+    if needs:
+        raise ValueError("; ".join(needs) + ": release those answers with it (--answers), or the notebook finds "
+                         "only the stand-in it imports")
     package = dest / "solutions" / "specdec"
     shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     withheld = set().union(*(exercises(slug) for slug in slugs if slug not in answers))
@@ -81,6 +85,22 @@ def build(dest: Path, released: list[str], answers: list[str]) -> Path:
     shutil.copy(REPO_ROOT / "pyproject.toml", dest / "pyproject.toml")
     (dest / "README.md").write_text(README.format(released=", ".join(released) or "none yet"))
     return dest
+
+
+def needed_answers(released: list[str], answers: list[str]) -> list[str]:
+    """For each released notebook whose answers are not: the earlier notebooks whose answers are not released either.
+    A notebook builds on the ones before it, directly (notebook 04 imports notebook 03's residual_distribution) and
+    through the package (notebook 04's engine calls notebook 02's greedy_verify_batched): with an earlier answer
+    withheld, its cells would find a stand-in with nothing of the learner's behind it."""
+    order = assignments()
+    found = []
+    for slug in released:
+        if slug in answers:
+            continue
+        missing = [earlier for earlier in order[:order.index(slug)] if earlier not in answers]
+        if missing:
+            found.append(f"{slug} builds on {', '.join(missing)}, whose answers are not released")
+    return found
 
 
 def _leave_out_checks(path: Path) -> None:
