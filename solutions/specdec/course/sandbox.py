@@ -15,14 +15,17 @@ started it, every process of the submission goes with it.
 from __future__ import annotations
 
 import ast
+import errno
 import functools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specdec.course.reference_calls import parse
 from specdec.paths import DATA_DIR, REPO_ROOT
@@ -75,31 +78,39 @@ PRIVATE = frozenset({"SPECDEC_CHECK_SALT"})
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x00000080)
 
 
-@functools.cache
-def seccomp_filter() -> Path:
-    """The kernel's seccomp filter as compiled BPF (bubblewrap's ``--seccomp``), built once per process with
-    libseccomp (PyPI's ``pyseccomp``). clone3 answers ENOSYS, so the C library falls back to clone, whose flags the
-    filter can read."""
-    import errno
-
+def compile_filter(name: str, denied: Iterable[str], more: Callable[[Any, Any], None] | None = None) -> Path:
+    """A seccomp filter as compiled BPF (bubblewrap's ``--seccomp``), built with libseccomp (PyPI's ``pyseccomp``):
+    every call in ``denied`` that this architecture has answers EPERM, ``more(rules, seccomp)`` adds the rest, and
+    everything else is allowed. Written where only root writes, readable by the boxes' uids."""
     import pyseccomp as seccomp  # Linux only, and only where cohort grading runs
 
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     arch = seccomp.system_arch()
-    for name in DENIED:
-        if seccomp.resolve_syscall(arch, name) >= 0:
-            rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
-    for flag in NAMESPACE_FLAGS:
-        rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
-    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, AF_VSOCK))
-    if seccomp.resolve_syscall(arch, "clone3") >= 0:
-        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    path = Path(tempfile.mkdtemp(prefix="specdec-seccomp-")) / "kernel.bpf"
+    for call in denied:
+        if seccomp.resolve_syscall(arch, call) >= 0:
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+    if more is not None:
+        more(rules, seccomp)
+    path = Path(tempfile.mkdtemp(prefix="specdec-seccomp-")) / f"{name}.bpf"
     with open(path, "wb") as f:
         rules.export_bpf(f)
     path.chmod(0o644)
     path.parent.chmod(0o755)
     return path
+
+
+@functools.cache
+def seccomp_filter() -> Path:
+    """The kernel's filter: DENIED, clone with a namespace flag, vsock sockets; clone3 answers ENOSYS, so the C
+    library falls back to clone, whose flags the filter can read. Built once per process."""
+    def more(rules: Any, seccomp: Any) -> None:
+        for flag in NAMESPACE_FLAGS:
+            rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, AF_VSOCK))
+        if seccomp.resolve_syscall(seccomp.system_arch(), "clone3") >= 0:
+            rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+
+    return compile_filter("kernel", DENIED, more)
 
 
 def missing() -> str | None:
