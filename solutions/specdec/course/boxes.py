@@ -36,6 +36,7 @@ UID_BASE = 1_000_000_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_HIERARCHIES = ("memory", "pids", "cpu", "cpuacct", "freezer")
 PARENT = "specdec-cohort"
+REMOVE_S = 60.0  # most seconds a submission's cgroup waits for its killed tasks to leave
 GRADER_TMP_MB = 512  # the grader's /tmp (a tmpfs; its pages count against the tree's memory)
 
 #: The grader's filter: the kernel's, less what bubblewrap needs to make the kernel's box (mounts, namespaces).
@@ -205,18 +206,24 @@ class Tree:
             with contextlib.suppress(OSError):
                 (freezer / "freezer.state").write_text("THAWED")
 
-    def remove(self) -> None:
-        """Kill what is left and remove the cgroup."""
-        self.kill()
-        for folder in set(self.dirs.values()):
-            for _ in range(50):
+    def remove(self) -> bool:
+        """Kill what is left and remove the cgroup; False if it could not be removed. Killed tasks can take seconds to
+        leave on a loaded machine (a kernel freeing its memory): the removal waits up to REMOVE_S for them, killing
+        again as it goes."""
+        deadline = time.monotonic() + REMOVE_S
+        for folder in sorted(set(self.dirs.values())):
+            while True:
                 try:
                     folder.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:  # the last tasks still leaving
-                    time.sleep(0.05)
+                    if time.monotonic() > deadline:
+                        return False
+                    self.kill()
+                    time.sleep(0.1)
+        return True
 
 
 def missing() -> str | None:

@@ -566,7 +566,9 @@ def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch
         _run_graders(sub, student, course, scratch, out, limits, env, contained, tree)
     finally:
         if tree is not None:
-            tree.remove()  # whatever the submission started dies with its grading
+            if not tree.remove():  # whatever the submission started dies with its grading
+                sub.messages.append(f"its cgroup ({tree.dirs['memory']}) could not be removed in {boxes.REMOVE_S:g} s: "
+                                    "a process of it may still be leaving; an administrator should look")
 
 
 def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out: Path, limits: Limits,
