@@ -4,6 +4,7 @@ small program in place of nbgrader and the kernel, so a limit is seen to hold in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -47,6 +48,17 @@ def _run(payload: str, index: int, limits: sandbox.Limits = sandbox.Limits(), tr
             if tree is None:
                 proc.wait(timeout=wall_s)
         return subprocess.CompletedProcess(cmd, proc.returncode, out.read_text(), ""), why
+
+
+@contextlib.contextmanager
+def _tree(name: str, memory_mb: int, tasks: int):
+    """A submission's cgroup for one test: removed afterwards, with nothing of it left running."""
+    tree = boxes.Tree(name, memory_mb, tasks)
+    try:
+        yield tree
+    finally:
+        tree.remove()
+    assert not tree.pids()
 
 
 SYSCALLS = r'''
@@ -99,31 +111,23 @@ def test_a_fork_bomb_stops_at_the_trees_process_limit():
     bomb = ("import os, time\nmade = 0\n"
             "try:\n    while True:\n        if os.fork() == 0:\n            time.sleep(30); os._exit(0)\n        made += 1\n"
             "except OSError:\n    print('stopped at', made)\n")
-    tree = boxes.Tree("test-fork-bomb", 2048, 64)
-    try:
+    with _tree("test-fork-bomb", 2048, 64) as tree:
         done, why = _run(bomb, 4, tree=tree, wall_s=60)
         assert "stopped at" in done.stdout, done.stdout
         made = int(done.stdout.split("stopped at")[1].split()[0])
         assert made < 64, made  # the grader's and the kernel's own tasks count too
-    finally:
-        tree.remove()
-    assert not tree.pids()
 
 
 def test_cpu_time_is_summed_over_the_whole_tree():
     spin = ("import os, time\n"
             "for _ in range(3):\n    if os.fork() == 0:\n        while True: pass\n"
             "time.sleep(120)\n")
-    tree = boxes.Tree("test-cpu", 2048, 256)
     start = time.monotonic()
-    try:
+    with _tree("test-cpu", 2048, 256) as tree:
         _, why = _run(spin, 5, tree=tree, wall_s=4)  # the watchdog's CPU limit is the notebook's time limit
         assert "CPU time, summed over every process" in why or "time limit" in why, why
         assert time.monotonic() - start < 30
         assert tree.cpu_seconds() < 4 + 2 * 3, tree.cpu_seconds()  # stopped within a poll of the limit
-    finally:
-        tree.remove()
-    assert not tree.pids()
 
 
 def test_memory_is_limited_for_the_whole_tree():
@@ -132,14 +136,11 @@ def test_memory_is_limited_for_the_whole_tree():
            "        block = bytearray(250 * 2**20)\n        block[::4096] = b'x' * len(block[::4096])\n"
            "        time.sleep(20); os._exit(0)\n"
            "deaths = [os.wait()[1] for _ in range(3)]\nprint('killed', sum(os.WIFSIGNALED(d) for d in deaths))\n")
-    tree = boxes.Tree("test-memory", 600, 256)
-    try:
+    with _tree("test-memory", 600, 256) as tree:
         done, _ = _run(hog, 6, tree=tree, wall_s=90)
         assert "killed" in done.stdout, done.stdout
         killed = int(done.stdout.split("killed")[1].split()[0])
         assert killed >= 1 and tree.out_of_memory(), (done.stdout, killed)
-    finally:
-        tree.remove()
 
 
 def test_the_kernels_writable_folders_are_bounded():
