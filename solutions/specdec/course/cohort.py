@@ -39,7 +39,6 @@ import ast
 import contextlib
 import csv
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -71,8 +70,17 @@ from specdec.course.driver import (
     read_grades,
     source_notebook,
 )
+from specdec.course.gradebook import (
+    finish_page,
+    format_lateness,
+    grader_id,
+    lateness,
+    read_timestamp,
+    record,
+    set_due_dates,
+)
 from specdec.course.grading import parse_submission
-from specdec.course.inert import cap, csv_cell, sanitise_html, visible
+from specdec.course.inert import cap, csv_cell, visible
 from specdec.course.reference_calls import parse_cell, reference_calls
 from specdec.course.trusted import FORGED, SHADOWED
 from specdec.course.withheld import WITHHELD
@@ -87,6 +95,7 @@ class Limits:
     isolate: bool  # read-only mounts of everything but the submission's own scratch folder
     sandbox: bool = False  # the kernel in a bubblewrap sandbox, test cells judged outside it (specdec.course.trusted)
     salt: str = ""  # the run's secret, mixed into the hidden tests' seeds (specdec.checks.seeds); graders see it
+    course: Path | None = None  # the instructor's nbgrader course: due dates and extensions come from its gradebook
 
 
 @dataclass
@@ -102,6 +111,9 @@ class Submission:
     seconds: float = 0.0
     refused: str = ""  # why it cannot be graded, found before grading (its folder holds no notebook, say)
     index: int = 0  # its place in the run: its grader's uid (specdec.course.boxes.grader_uid)
+    timestamp: str = ""  # when it was submitted (nbgrader's timestamp.txt, UTC), "" when unknown
+    seconds_late: float = 0.0  # past the assignment's due date, as nbgrader's gradebook computes it
+    late_penalty: float = 0.0  # points taken off by nbgrader's LateSubmissionPlugin (the course's penalty_method)
 
 
 #: Most bytes a submitted notebook may have: a bigger file is refused unread (the course's notebooks, outputs
@@ -146,7 +158,13 @@ def find_submissions(root: Path, known: list[str]) -> tuple[list[Submission], li
                 found.append(Submission(student_dir.name, assignment_dir.name, expected,
                                         refused=f"expected {expected.name}, found {names or 'no notebook'}"))
                 continue
-            found.append(Submission(student_dir.name, assignment_dir.name, path))
+            sub = Submission(student_dir.name, assignment_dir.name, path)
+            if path != expected:
+                sub.messages.append(f"renamed: the folder's one notebook, {path.name}, was graded as {expected.name}")
+            sub.timestamp, problem = read_timestamp(assignment_dir)
+            if problem:
+                sub.messages.append(problem)
+            found.append(sub)
     return found, problems
 
 
@@ -460,21 +478,9 @@ def _held(sub: Submission, log: str, autograded: Path) -> None:
                 break
 
 
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def grader_id(student: str) -> str:
-    """The name nbgrader knows the student by in the submission's own scratch course: the folder's name when it is a
-    plain one (letters, digits, ``. _ -``, at most 64), else a stable stand-in. (nbgrader's gradebook cannot store a
-    name that is not UTF-8, a 250-character name makes a scratch folder's name too long, and nbgrader reads ``*`` in
-    --student as a pattern.) Each scratch course holds one student; the results keep the folder's name."""
-    if _PLAIN_NAME.fullmatch(student):
-        return student
-    return "student-" + hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
-def publish_feedback(html: Path, target: Path) -> None:
-    """nbgrader's feedback page, made inert (specdec.course.inert.sanitise_html), at ``target``."""
+def publish_feedback(html: Path, target: Path, grades: list[CellGrade] = ()) -> None:
+    """nbgrader's feedback page at ``target``, finished as a learner reads it (specdec.course.gradebook.finish_page:
+    written answers still to grade awaiting the instructor, lines wrapped, made inert)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     size = html.stat().st_size
     if size > FEEDBACK_LIMIT:
@@ -482,7 +488,10 @@ def publish_feedback(html: Path, target: Path) -> None:
                 f"feedback page was {size / 2**20:,.0f} MB, over the {FEEDBACK_LIMIT // 2**20} MB the grader keeps: "
                 "the scores are in grades.csv.</p></body></html>")
     else:
-        page = sanitise_html(html.read_text(encoding="utf-8", errors="replace"))
+        pending = {g.grade_id: g.max_score for g in grades if g.written and g.needs_manual_grade}
+        automatic = sum(g.score for g in grades if not g.written)
+        page = finish_page(html.read_text(encoding="utf-8", errors="replace"), pending, automatic,
+                           sum(g.max_score for g in grades))
     target.write_text(page, encoding="utf-8")
 
 
@@ -548,6 +557,10 @@ def _autograde(sub: Submission, student: str, nb: nbformat.NotebookNode, scratch
     dest = course / "submitted" / student / sub.assignment / f"{sub.assignment}.ipynb"
     dest.parent.mkdir(parents=True)
     nbformat.write(nb, dest)
+    if sub.timestamp:  # with the course's due date, nbgrader's autograde decides lateness
+        (dest.parent / "timestamp.txt").write_text(sub.timestamp)
+        if limits.course is not None:
+            set_due_dates(limits.course, course, sub.assignment, student)
     env = _private_env(scratch)
     tree = None
     if limits.sandbox:
@@ -607,8 +620,12 @@ def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out
             sub.messages.append(f"printed too much: {cut / 1e6:.1f} MB of output cut from the feedback (each output "
                                 f"keeps its first {OUTPUT_LIMIT // 1000} kB; the scores are unaffected)")
     try:
-        sub.grades = _read_grades_copy(course, autograded, sub.assignment, student, limits.cell_timeout_s)
+        sub.grades, sub.seconds_late, sub.late_penalty = _read_grades_copy(course, autograded, sub.assignment, student,
+                                                                            limits.cell_timeout_s)
         sub.graded = True
+        if sub.seconds_late > 0:
+            sub.messages.append(f"late: submitted {format_lateness(sub.seconds_late)} after the due date"
+                                + (f"; penalty {sub.late_penalty:g} points" if sub.late_penalty else ""))
     except Exception:  # no gradebook entry: autograde never got to record this submission
         sub.messages.append("nbgrader could not grade this notebook; its log: "
                             + " | ".join(line for line in log.splitlines()[-5:] if line.strip())[:400])
@@ -616,6 +633,9 @@ def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out
         return
     try:  # the grades stand whatever happens to the feedback
         hide_check_frames(autograded)
+        kept = out / "autograded" / student / sub.assignment / f"{sub.assignment}.ipynb"  # for the course's gradebook
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(autograded, kept, follow_symlinks=False)
         feedback = [sys.executable, "-m", "nbgrader", "generate_feedback", sub.assignment, f"--student={student}",
                     "--force", f"--CourseDirectory.root={course}"]
         subprocess.run(contained(feedback), cwd=course, env=env, capture_output=True, timeout=300, process_group=0)
@@ -623,7 +643,7 @@ def _run_graders(sub: Submission, student: str, course: Path, scratch: Path, out
             tree.kill()
         html = course / "feedback" / student / sub.assignment / f"{sub.assignment}.html"
         if _plain_file(html):
-            publish_feedback(html, out / "feedback" / sub.student / f"{sub.assignment}.html")
+            publish_feedback(html, out / "feedback" / sub.student / f"{sub.assignment}.html", sub.grades)
     except Exception as err:
         sub.messages.append(f"no feedback written: {type(err).__name__}: {cap(str(err), 300)}")
 
@@ -633,8 +653,10 @@ def _plain_file(path: Path) -> bool:
     return path.is_file() and os.path.realpath(path) == os.path.abspath(path)
 
 
-def _read_grades_copy(course: Path, autograded: Path, slug: str, student: str, cell_timeout_s: float) -> list:
-    """read_grades on copies of the gradebook and the autograded notebook in a folder of this process's own."""
+def _read_grades_copy(course: Path, autograded: Path, slug: str, student: str,
+                      cell_timeout_s: float) -> tuple[list[CellGrade], float, float]:
+    """read_grades on copies of the gradebook and the autograded notebook in a folder of this process's own; with
+    the seconds the submission was late and nbgrader's late penalty."""
     with tempfile.TemporaryDirectory(prefix="gradebook-") as tmp:
         copy = Path(tmp)
         shutil.copyfile(course / "gradebook.db", copy / "gradebook.db", follow_symlinks=False)
@@ -642,7 +664,7 @@ def _read_grades_copy(course: Path, autograded: Path, slug: str, student: str, c
             target = copy / "autograded" / student / slug / f"{slug}.ipynb"
             target.parent.mkdir(parents=True)
             shutil.copyfile(autograded, target, follow_symlinks=False)
-        return read_grades(copy, slug, student, cell_timeout_s)
+        return read_grades(copy, slug, student, cell_timeout_s), *lateness(copy, slug, student)
 
 
 #: Tasks (processes and threads) in one submission's tree: its grader's, its kernel's and what the kernel starts.
@@ -697,12 +719,17 @@ def _graded_build(root: Path, released: nbformat.NotebookNode) -> Path:
     return sandbox.graded_build(root, exercises)
 
 
-def prepare(slugs: list[str], root: Path) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
+def prepare(slugs: list[str], root: Path, course: Path | None = None) -> tuple[Path, dict[str, nbformat.NotebookNode]]:
     """A course per assignment (its gradebook and released notebook), to copy per submission: ``template/<slug>``.
-    A grader sees its own assignment's hidden tests only."""
+    A grader sees its own assignment's hidden tests only. With the instructor's ``course``, its nbgrader_config.py
+    (the late penalty method, say) and its assignments' due dates carry over."""
     template = root / "template"
-    release = {slug: nbformat.read(generate(make_course(template / slug, [slug]), slug), as_version=4)
-               for slug in slugs}
+    release = {}
+    for slug in slugs:
+        made = make_course(template / slug, [slug])
+        if course is not None and (course / "nbgrader_config.py").is_file():
+            shutil.copyfile(course / "nbgrader_config.py", made / "nbgrader_config.py")
+        release[slug] = nbformat.read(generate(made, slug), as_version=4)
     return template, release
 
 
@@ -766,12 +793,15 @@ def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> Non
     with open(out / "totals.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", "graded", "score", "max_score", "written_points_to_grade",
-                         "flagged", "needs_review", "seconds", "messages"])
+                         "written_max_score", "timestamp", "seconds_late", "late_penalty", "flagged", "needs_review",
+                         "seconds", "messages"])
         for s in subs:
             auto = [g for g in s.grades if not g.written]
             writer.writerow([csv_cell(s.student, NAME_LIMIT), csv_cell(s.assignment, NAME_LIMIT), s.graded,
                              f"{sum(g.score for g in auto):g}", f"{sum(g.max_score for g in auto):g}",
-                             f"{sum(g.max_score for g in s.grades if g.written):g}", s.flagged, s.needs_review,
+                             f"{sum(g.max_score for g in s.grades if g.written and g.needs_manual_grade):g}",
+                             f"{sum(g.max_score for g in s.grades if g.written):g}", csv_cell(s.timestamp),
+                             f"{s.seconds_late:.0f}", f"{s.late_penalty:g}", s.flagged, s.needs_review,
                              f"{s.seconds:.1f}", csv_cell(" | ".join(s.messages), MESSAGES_LIMIT)])
     (out / "summary.json").write_text(json.dumps(summarise(subs), indent=1))
     lines = report_summary(subs) + [visible(p, LINE_LIMIT) for p in problems]
@@ -807,13 +837,16 @@ def _problem_student(problem: str) -> str:
 def _submission_record(sub: Submission) -> dict:
     return {"student": sub.student, "assignment": sub.assignment, "path": str(sub.path),
             "grades": [dataclasses.asdict(g) for g in sub.grades], "messages": sub.messages,
-            "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds, "needs_review": sub.needs_review}
+            "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds, "needs_review": sub.needs_review,
+            "timestamp": sub.timestamp, "seconds_late": sub.seconds_late, "late_penalty": sub.late_penalty}
 
 
 def _submission_from(record: dict) -> Submission:
     return Submission(record["student"], record["assignment"], Path(record["path"]),
                       [CellGrade(**g) for g in record["grades"]], record["messages"], record["flagged"],
-                      record.get("needs_review", False), record["graded"], record["seconds"])
+                      record.get("needs_review", False), record["graded"], record["seconds"],
+                      timestamp=record.get("timestamp", ""), seconds_late=record.get("seconds_late", 0.0),
+                      late_penalty=record.get("late_penalty", 0.0))
 
 
 def write_shard(subs: list[Submission], problems: list[str], shard: tuple[int, int], out: Path) -> None:
@@ -828,6 +861,7 @@ def clear_shard(out: Path) -> None:
     for name in ("shard.json", "grades.csv", "totals.csv", "summary.json", "report.txt"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "feedback", ignore_errors=True)
+    shutil.rmtree(out / "autograded", ignore_errors=True)
 
 
 def merge(shard_dirs: list[Path], out: Path) -> tuple[list[Submission], list[str]]:
@@ -859,8 +893,9 @@ def merge(shard_dirs: list[Path], out: Path) -> tuple[list[Submission], list[str
     problems = sorted(per_student, key=_problem_student) + list(dict.fromkeys(whole_run))
     out.mkdir(parents=True, exist_ok=True)
     for folder, _ in records:
-        if (folder / "feedback").is_dir():
-            shutil.copytree(folder / "feedback", out / "feedback", dirs_exist_ok=True)
+        for kept in ("feedback", "autograded"):
+            if (folder / kept).is_dir():
+                shutil.copytree(folder / kept, out / kept, dirs_exist_ok=True)
     write_outputs(subs, problems, out)
     return subs, problems
 
@@ -870,12 +905,17 @@ def merge_main(argv: list[str]) -> int:
                                      description="Combine the results of cohort shards (--shard K/N) into one set.")
     parser.add_argument("shards", type=Path, nargs="+", help="the --out folders of every shard")
     parser.add_argument("--out", type=Path, default=Path("cohort-grades"), help="where the merged results go")
+    parser.add_argument("--course", type=Path, help="the instructor's nbgrader course: record the results in its "
+                                                   "gradebook for formgrader")
     args = parser.parse_args(argv)
     try:
         subs, problems = merge(args.shards, args.out)
     except ValueError as err:
         print(f"cohort merge: {err}", file=sys.stderr)
         return 2
+    if args.course:
+        for note in record(args.course, subs, args.out / "autograded"):
+            print(visible(note, LINE_LIMIT))
     print(f"merged {len(args.shards)} shards: {len(subs)} submissions, {sum(s.graded for s in subs)} graded; "
           f"results in {args.out}/")
     return 0
@@ -902,6 +942,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="grade only this assignment (repeatable)")
     parser.add_argument("--student", action="append", default=[], metavar="NAME",
                         help="grade only this student's submissions (repeatable; a regrade of one student)")
+    parser.add_argument("--course", type=Path, metavar="DIR",
+                        help="the instructor's nbgrader course (grader/, or the hub's course folder): due dates, "
+                             "extensions and the late penalty come from it, and the results go into its gradebook "
+                             "and autograded/ for formgrader")
     parser.add_argument("--shard", type=parse_shard, metavar="K/N",
                         help="grade only shard K of N (students split by a hash of their name; 0 <= K < N) and "
                              "write shard.json for merge")
@@ -912,6 +956,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.workers < 1 or args.timeout <= 0 or args.cell_timeout <= 0 or args.memory_mb < 512:
         parser.error("--workers >= 1, --timeout > 0, --cell-timeout > 0 and --memory-mb >= 512, please")
+    if args.course and not (args.course / "gradebook.db").is_file():
+        print(f"cohort: --course {args.course}: no gradebook.db there (release the assignments in it first: "
+              "nbgrader generate_assignment SLUG)", file=sys.stderr)
+        return 2
     subs, problems = find_submissions(args.submitted, assignments())
     if args.assignment or args.student:
         subs = [s for s in subs if (not args.assignment or s.assignment in args.assignment)
@@ -937,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specdec-cohort-") as tmp:
         scratch_root = Path(tmp)
-        template, release = prepare(sorted({s.assignment for s in subs}), scratch_root)
+        template, release = prepare(sorted({s.assignment for s in subs}), scratch_root, args.course)
         say(f"grading {len(subs)} submissions with {args.workers} workers", flush=True)
         why_not = "asked for" if args.unsafe_no_sandbox else boxes.missing()
         if why_not and not args.unsafe_no_sandbox:
@@ -946,7 +994,7 @@ def main(argv: list[str] | None = None) -> int:
                   "pass --unsafe-no-sandbox", file=sys.stderr)
             return 2
         limits = Limits(args.timeout, args.cell_timeout, args.memory_mb, can_isolate(), sandbox=why_not is None,
-                        salt=secrets.token_hex(16))
+                        salt=secrets.token_hex(16), course=args.course.resolve() if args.course else None)
         if why_not:
             problems.append(f"sandbox: off ({why_not}; --unsafe-no-sandbox): submissions ran with the grader's rights")
         builds = {slug: _graded_build(scratch_root / f"build-{slug}", release[slug]) for slug in release} \
@@ -968,6 +1016,8 @@ def main(argv: list[str] | None = None) -> int:
                 first = f"; {s.messages[0].removeprefix('not graded: ')}" if s.messages else ""
                 say(visible(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}{first}", LINE_LIMIT),
                     flush=True)
+    if args.course and not args.shard:  # shards: merge --course records the whole cohort at once
+        problems += record(args.course, subs, args.out / "autograded")
     write_outputs(subs, problems, args.out)
     if args.shard:
         write_shard(subs, problems, args.shard, args.out)

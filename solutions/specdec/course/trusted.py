@@ -89,6 +89,29 @@ def _exception(raised: dict) -> BaseException:
     return RemoteError(f"{raised.get('type')}: {message}")
 
 
+#: Frames of the grader's own code (the trusted side, the channel, the checks): a learner's feedback leaves them out.
+_GRADER_FILES = re.compile(r"[/\\]specdec[/\\](course|checks|mistakes)[/\\]")
+
+
+def learner_traceback(error: BaseException, exercise: str) -> list[str]:
+    """The traceback a learner reads: a first line naming the exercise and the cause, then only the test cell's
+    frames and the learner's function that raised (the grader's own frames left out), then the error."""
+    kept, raised_in = [], ""
+    for frame in traceback.extract_tb(error.__traceback__):
+        if frame.filename == "<string>" and frame.name not in ("<module>", "raise_it"):  # _raise_in's stand-in frame
+            raised_in = frame.name
+        elif not _GRADER_FILES.search(frame.filename):
+            kept.append(frame)
+    cause = (f"{raised_in or 'your function'} still raises NotImplementedError: not done yet"
+             if isinstance(error, NotImplementedError) else (str(error).splitlines() or [type(error).__name__])[0])
+    lines = [f"{exercise}: {cause[:300]}" if exercise else cause[:300], "Traceback (most recent call last):"]
+    lines += [entry.rstrip("\n") for entry in traceback.format_list(kept)]
+    if raised_in:
+        lines.append(f"  raised in {raised_in}(...), your function, run in the notebook's kernel")
+    lines += [entry.rstrip("\n") for entry in traceback.format_exception_only(type(error), error)]
+    return lines
+
+
 def _raise_in(where: str, err: BaseException) -> None:
     """Raise err from a frame named ``where`` (the learner's function that raised it), so that the checks' messages
     name the function as they do when it runs in their own process."""
@@ -631,9 +654,9 @@ class TrustedExecute(Execute):
         if err.getvalue():
             cell.outputs.append(nbformat.v4.new_output("stream", name="stderr", text=err.getvalue()))
         if error is not None:
-            frames = traceback.format_exception(type(error), error, error.__traceback__)
+            exercise = str(cell.metadata.get("nbgrader", {}).get("grade_id", "")).removesuffix("_test")
             cell.outputs.append(nbformat.v4.new_output("error", ename=type(error).__name__, evalue=str(error),
-                                                       traceback=[f.rstrip("\n") for f in frames]))
+                                                       traceback=learner_traceback(error, exercise)))
         return cell
 
     async def _async_cleanup_kernel(self) -> None:
