@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import json
 import re
 
 import nbformat
@@ -153,6 +154,10 @@ def test_a_cohort_lands_in_one_gradebook_with_lateness_and_written_answers_to_gr
     assert "late: submitted 1 d 2 h 30 min after the due date; penalty 1 points" in rows["partial"]["messages"]
     report = (out / "report.txt").read_text()
     assert report.startswith("summary: 3 of 3 submissions graded") and "partial/14_frontier: late:" in report
+    # the reference pasted: listed with its score for review, never penalised
+    assert (rows["correct"]["similar"], rows["blank"]["similar"]) == ("True", "False")
+    assert re.search(r"^similarity: correct/14_frontier exercise \w+: 1\.00 like the reference \(for review; not "
+                     r"penalised\)$", report, re.M)
     page = (out / "feedback" / "correct" / f"{SLUG}.html").read_text()
     assert "(Score: 26 / 26 so far; 2 written points awaiting the instructor)" in page
     partial_page = (out / "feedback" / "partial" / f"{SLUG}.html").read_text()
@@ -184,9 +189,16 @@ def test_a_cohort_lands_in_one_gradebook_with_lateness_and_written_answers_to_gr
     assert (totals["partial"]["late_penalty"], totals["partial"]["total"]) == (1.0, 0.0)
     assert {r["max_score"] for r in totals.values()} == {28.0}
 
+    graded_view = json.loads((course / "autograded" / "partial" / SLUG / f"{SLUG}.ipynb").read_text())["cells"]
+    at = next(i for i, c in enumerate(graded_view) if c["metadata"].get("nbgrader", {}).get("grade_id")
+              == "written_moe_long_context")
+    assert graded_view[at + 1]["metadata"]["tags"] == [gradebook.RUBRIC_TAG]  # formgrader shows the rubric beside it
+    assert "Model answer:" in graded_view[at + 1]["source"] and "Rubric:" in graded_view[at + 1]["source"]
+
     gradebook.write_feedback(course, SLUG)
     page = (course / "feedback" / "correct" / SLUG / f"{SLUG}.html").read_text()
     assert "(Score: 27 / 27 so far; 1 written point awaiting the instructor)" in page
+    assert "For the grader" not in page and "Rubric:" not in page  # the rubric stays the instructor's
     assert (course / "feedback" / "partial" / SLUG / f"{SLUG}-Copy1.html").exists() is False  # nothing collected
     assert gradebook.main(["totals", SLUG, "--course", str(course), "--out", str(tmp_path / "totals.csv")]) == 0
     assert "correct,14_frontier,2026-12-01T11:59:00,0,26,1,1,0,27,28" in (tmp_path / "totals.csv").read_text()

@@ -59,7 +59,7 @@ from pathlib import Path
 import nbformat
 
 from specdec.checks.seeds import SALT_VARIABLE
-from specdec.course import boxes, sandbox
+from specdec.course import boxes, sandbox, similarity
 from specdec.course.driver import (
     CellGrade,
     assignments,
@@ -84,7 +84,7 @@ from specdec.course.inert import cap, csv_cell, visible
 from specdec.course.reference_calls import parse_cell, reference_calls
 from specdec.course.trusted import FORGED, SHADOWED
 from specdec.course.withheld import WITHHELD
-from specdec.paths import REPO_ROOT
+from specdec.paths import NOTEBOOKS_DIR, REPO_ROOT
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,8 @@ class Submission:
     timestamp: str = ""  # when it was submitted (nbgrader's timestamp.txt, UTC), "" when unknown
     seconds_late: float = 0.0  # past the assignment's due date, as nbgrader's gradebook computes it
     late_penalty: float = 0.0  # points taken off by nbgrader's LateSubmissionPlugin (the course's penalty_method)
+    answers: dict[str, str] = field(default_factory=dict)  # grade_id -> code answer, for similarity
+    similar: bool = False  # an answer too alike another's or the reference's: for review, never penalised
 
 
 #: Most bytes a submitted notebook may have: a bigger file is refused unread (the course's notebooks, outputs
@@ -533,6 +535,7 @@ def _grade(sub: Submission, template: Path, release: dict[str, nbformat.Notebook
         sub.messages.append(f"not graded: {wrong}")
         return
     sub.messages += repair(nb, release[sub.assignment])
+    sub.answers = similarity.answers(nb)
     flags = tampering(nb)
     if flags:
         sub.flagged = True
@@ -733,6 +736,23 @@ def prepare(slugs: list[str], root: Path, course: Path | None = None) -> tuple[P
     return template, release
 
 
+def similar_answers(subs: list[Submission]) -> list[str]:
+    """Answers too alike (specdec.course.similarity): each graded submission's code answers against the
+    reference and against every other's; both sides of a pair are flagged for review, never penalised."""
+    graded = [s for s in subs if s.graded and s.answers]
+    slugs = sorted({s.assignment for s in graded})
+    references = {slug: similarity.answers(nbformat.read(source_notebook(slug), as_version=4)) for slug in slugs}
+    skeletons = {slug: similarity.answers(nbformat.read(NOTEBOOKS_DIR / f"{slug}.ipynb", as_version=4))
+                 for slug in slugs}
+    matches = similarity.compare({(s.student, s.assignment): s.answers for s in graded}, references, skeletons)
+    by_key = {(s.student, s.assignment): s for s in graded}
+    for match in matches:
+        for student in (match.first, match.second):
+            if (student, match.assignment) in by_key:
+                by_key[student, match.assignment].similar = True
+    return similarity.report_lines(matches)
+
+
 def summarise(subs: list[Submission]) -> dict:
     """Per assignment: how many were graded, the mean automatic total, and per exercise the mean and the
     distribution of scores."""
@@ -766,7 +786,9 @@ def report_summary(subs: list[Submission]) -> list[str]:
     and each assignment's mean of the automatic points."""
     graded = [s for s in subs if s.graded]
     lines = [f"summary: {len(graded)} of {len(subs)} submissions graded; {sum(s.needs_review for s in subs)} held for "
-             f"review; {sum(s.flagged for s in subs)} flagged; {len(subs) - len(graded)} not graded"]
+             f"review; {sum(s.flagged for s in subs)} flagged; {len(subs) - len(graded)} not graded"
+             + (f"; {sum(s.similar for s in subs)} with answers too alike (see similarity:)" if any(s.similar for s in subs)
+                else "")]
     for assignment in sorted({s.assignment for s in graded}):
         rows = [s for s in graded if s.assignment == assignment]
         scores = [sum(g.score for g in s.grades if not g.written) for s in rows]
@@ -794,14 +816,14 @@ def write_outputs(subs: list[Submission], problems: list[str], out: Path) -> Non
         writer = csv.writer(f)
         writer.writerow(["student", "assignment", "graded", "score", "max_score", "written_points_to_grade",
                          "written_max_score", "timestamp", "seconds_late", "late_penalty", "flagged", "needs_review",
-                         "seconds", "messages"])
+                         "similar", "seconds", "messages"])
         for s in subs:
             auto = [g for g in s.grades if not g.written]
             writer.writerow([csv_cell(s.student, NAME_LIMIT), csv_cell(s.assignment, NAME_LIMIT), s.graded,
                              f"{sum(g.score for g in auto):g}", f"{sum(g.max_score for g in auto):g}",
                              f"{sum(g.max_score for g in s.grades if g.written and g.needs_manual_grade):g}",
                              f"{sum(g.max_score for g in s.grades if g.written):g}", csv_cell(s.timestamp),
-                             f"{s.seconds_late:.0f}", f"{s.late_penalty:g}", s.flagged, s.needs_review,
+                             f"{s.seconds_late:.0f}", f"{s.late_penalty:g}", s.flagged, s.needs_review, s.similar,
                              f"{s.seconds:.1f}", csv_cell(" | ".join(s.messages), MESSAGES_LIMIT)])
     (out / "summary.json").write_text(json.dumps(summarise(subs), indent=1))
     lines = report_summary(subs) + [visible(p, LINE_LIMIT) for p in problems]
@@ -838,7 +860,8 @@ def _submission_record(sub: Submission) -> dict:
     return {"student": sub.student, "assignment": sub.assignment, "path": str(sub.path),
             "grades": [dataclasses.asdict(g) for g in sub.grades], "messages": sub.messages,
             "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds, "needs_review": sub.needs_review,
-            "timestamp": sub.timestamp, "seconds_late": sub.seconds_late, "late_penalty": sub.late_penalty}
+            "timestamp": sub.timestamp, "seconds_late": sub.seconds_late, "late_penalty": sub.late_penalty,
+            "answers": sub.answers}
 
 
 def _submission_from(record: dict) -> Submission:
@@ -846,7 +869,7 @@ def _submission_from(record: dict) -> Submission:
                       [CellGrade(**g) for g in record["grades"]], record["messages"], record["flagged"],
                       record.get("needs_review", False), record["graded"], record["seconds"],
                       timestamp=record.get("timestamp", ""), seconds_late=record.get("seconds_late", 0.0),
-                      late_penalty=record.get("late_penalty", 0.0))
+                      late_penalty=record.get("late_penalty", 0.0), answers=record.get("answers", {}))
 
 
 def write_shard(subs: list[Submission], problems: list[str], shard: tuple[int, int], out: Path) -> None:
@@ -896,6 +919,7 @@ def merge(shard_dirs: list[Path], out: Path) -> tuple[list[Submission], list[str
         for kept in ("feedback", "autograded"):
             if (folder / kept).is_dir():
                 shutil.copytree(folder / kept, out / kept, dirs_exist_ok=True)
+    problems += similar_answers(subs)
     write_outputs(subs, problems, out)
     return subs, problems
 
@@ -1016,8 +1040,10 @@ def main(argv: list[str] | None = None) -> int:
                 first = f"; {s.messages[0].removeprefix('not graded: ')}" if s.messages else ""
                 say(visible(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}{first}", LINE_LIMIT),
                     flush=True)
-    if args.course and not args.shard:  # shards: merge --course records the whole cohort at once
-        problems += record(args.course, subs, args.out / "autograded")
+    if not args.shard:  # shards: merge compares and records the whole cohort at once
+        problems += similar_answers(subs)
+        if args.course:
+            problems += record(args.course, subs, args.out / "autograded")
     write_outputs(subs, problems, args.out)
     if args.shard:
         write_shard(subs, problems, args.shard, args.out)

@@ -138,6 +138,33 @@ def inert_notebook(nb: dict) -> dict:
     return nb
 
 
+#: The tag of the cells that put a written answer's model answer and rubric beside it in formgrader; feedback
+#: leaves them out (write_feedback).
+RUBRIC_TAG = "instructor-rubric"
+
+
+def with_rubrics(nb: dict, slug: str) -> dict:
+    """The notebook with the course's model answer and rubric after each written answer, for the instructor who
+    grades it in formgrader (cells tagged RUBRIC_TAG)."""
+    from specdec.course.driver import source_notebook
+    from specdec.drill.written import read_notebook
+
+    questions = {q.id: q for q in read_notebook(source_notebook(slug))}
+    cells = []
+    for cell in nb.get("cells", []):
+        if cell.get("metadata", {}).get("tags") and RUBRIC_TAG in cell["metadata"]["tags"]:
+            continue  # the learner cannot bring a rubric of their own
+        cells.append(cell)
+        question = questions.get(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
+        if question is not None and cell.get("cell_type") == "markdown":
+            points = f"{question.points:g} point{'' if question.points == 1 else 's'}"
+            cells.append({"cell_type": "markdown", "metadata": {"tags": [RUBRIC_TAG]}, "source": (
+                f"**For the grader ({points}), not in the feedback.** Model answer: {question.model_answer}\n\n"
+                f"**Rubric:** {question.rubric}")})
+    nb["cells"] = cells
+    return nb
+
+
 def record(course: Path, subs: list, autograded_root: Path) -> list[str]:
     """Write every graded submission into the course's gradebook (nbgrader's API) and its autograded notebook into
     ``course/autograded``: automatic scores, the grader's first line per cell as its comment, the submission time
@@ -183,7 +210,7 @@ def record(course: Path, subs: list, autograded_root: Path) -> list[str]:
             gb.db.commit()
             target = course / "autograded" / student / sub.assignment
             target.mkdir(parents=True, exist_ok=True)
-            nb = inert_notebook(json.loads(source.read_text(encoding="utf-8")))
+            nb = with_rubrics(inert_notebook(json.loads(source.read_text(encoding="utf-8"))), sub.assignment)
             (target / f"{sub.assignment}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
             for name in ("timestamp.txt", "submission_secret.txt"):  # release_feedback pairs feedback with them
                 given = sub.path.parent / name
@@ -240,7 +267,10 @@ def write_feedback(course: Path, slug: str) -> list[str]:
 
     from specdec.course.driver import run_nbgrader
 
-    run_nbgrader(course, "generate_feedback", slug, "--force")
+    steps = ("nbgrader.preprocessors.GetGrades", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+             "nbconvert.preprocessors.TagRemovePreprocessor")  # nbgrader's two, then the rubrics left out
+    run_nbgrader(course, "generate_feedback", slug, "--force", *(f"--GenerateFeedback.preprocessors={s}" for s in steps),
+                 "--TagRemovePreprocessor.enabled=True", f"--TagRemovePreprocessor.remove_cell_tags={RUBRIC_TAG}")
     written = []
     with Gradebook(_db_url(course)) as gb:
         rows = [(s.student.id, float(s.score), float(s.max_score)) for s in gb.assignment_submissions(slug)]
