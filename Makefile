@@ -19,7 +19,7 @@ TORCH ?=
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-hub test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use);"
@@ -35,6 +35,7 @@ help:
 	@echo "make check-pins  resolve pyproject.toml from the registry for Linux (x86_64, aarch64) and macOS (PYPROJECT=path for another)"
 	@echo "make nbval    run instructor notebooks top to bottom in-process (NB=05 for one; authors)"
 	@echo "make test-ui  the browser test: JupyterLab in Debian's Chromium (apt-get install chromium); screenshots in artifacts/ui/"
+	@echo "make test-hub  an instructor's whole workflow on a real JupyterHub on loopback (root; local accounts; a few minutes)"
 	@echo "make test-cluster  grade a small cohort on a private one-node Slurm (Debian's slurm-wlm and munge, installed if absent; root)"
 	@echo "make reset NB=05  start a notebook again from its blank version (yours is kept in notebooks/.backup/)"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
@@ -86,7 +87,7 @@ lab: $(STAMP)
 		$(if $(filter no,$(BROWSER)),--no-browser,) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 test: $(STAMP) $(SANDBOX_STAMP)
-	$(BIN)/ruff check solutions tests tests_ui tests_cluster
+	$(BIN)/ruff check solutions tests tests_ui tests_cluster tests_hub
 	$(BIN)/python -m pytest -m "not cohort" $(PYTEST_ARGS)
 
 # Whole cohorts of hostile, broken and honest submissions graded in the sandbox (tests marked cohort): minutes.
@@ -113,6 +114,18 @@ $(UI_STAMP): $(STAMP)
 test-ui: $(UI_STAMP)
 	@test -x "$${CHROMIUM:-/usr/bin/chromium}" || { echo "make test-ui needs Debian's Chromium: apt-get install chromium (or CHROMIUM=path)"; exit 2; }
 	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" tests_ui
+
+# nbgrader's exchange on a real JupyterHub on loopback, with local accounts (root): tests_hub/.
+HUB_STAMP := $(VENV)/.installed-hub
+CHP_VERSION := 5.2.0
+$(HUB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-compile $(PIP_ARGS) -e ".[hf,test,hub]"
+	npm install --silent --prefix $(VENV)/hub --no-audit --no-fund --save-exact configurable-http-proxy@$(CHP_VERSION)
+	@touch $@
+
+test-hub: $(HUB_STAMP) $(SANDBOX_STAMP)
+	@[ "$$(id -u)" = 0 ] || { echo "make test-hub makes local accounts for the hub's users: run it as root"; exit 2; }
+	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" $(PYTEST_ARGS) tests_hub
 
 # grader/cluster/'s Slurm scripts on a real scheduler: tests_cluster/ starts munged, slurmctld and slurmd itself.
 test-cluster: $(STAMP) $(SANDBOX_STAMP)

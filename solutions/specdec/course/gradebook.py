@@ -216,7 +216,21 @@ def record(course: Path, subs: list, autograded_root: Path) -> list[str]:
                 given = sub.path.parent / name
                 if given.is_file() and not given.is_symlink() and given.stat().st_size <= TIMESTAMP_LIMIT:
                     shutil.copyfile(given, target / name)
+    for path in (course / "autograded", course / "gradebook.db"):
+        _owned_like(course, path)
     return notes
+
+
+def _owned_like(course: Path, path: Path) -> None:
+    """Give what root wrote into the course to the course folder's owner (the instructor whose formgrader writes the
+    written scores into the same gradebook)."""
+    if os.geteuid() != 0 or not os.path.lexists(path):
+        return
+    owner = course.stat()
+    for folder, dirs, files in os.walk(path):  # nothing for a file
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(folder, name), owner.st_uid, owner.st_gid, follow_symlinks=False)
+    os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
 # -- feedback and totals -------------------------------------------------------------------------------------------
