@@ -19,7 +19,7 @@ TORCH ?=
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-hub test-cluster release reset grade grade-cohort drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-hub test-cluster release reset grade grade-cohort formgrader feedback totals student-edition drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use);"
@@ -27,7 +27,12 @@ help:
 	@echo "make lab      set up on first use, then open the course in JupyterLab (HOST=$(HOST) PORT=$(PORT) BROWSER=$(BROWSER))"
 	@echo "make grade    grade your notebooks/ against the hidden tests (NB=01 for one notebook; CELL_TIMEOUT=300 on a slow machine);"
 	@echo "              then your written answers beside their model answers (MODEL_ANSWERS=no hides them)"
-	@echo "make grade-cohort SUBMITTED=dir [WORKERS=n OUT=dir]  autograde a cohort's submissions in parallel"
+	@echo "make grade-cohort SUBMITTED=dir [COURSE=grader WORKERS=n OUT=dir CHANGED=yes]  autograde a cohort's submissions in"
+	@echo "              the sandbox, in parallel, into the course's gradebook (README: For instructors)"
+	@echo "make formgrader  formgrader on the course (COURSE=grader): written answers beside their model answers and rubrics"
+	@echo "make feedback ASSIGNMENT=slug  feedback with the written scores, released through nbgrader's exchange (EXCHANGE=no)"
+	@echo "make totals ASSIGNMENT=slug  automatic, written graded, written pending, late penalty and total per submission"
+	@echo "make student-edition OUT=dir RELEASE=\"01 02\" ANSWERS=\"01\"  what students install: no answer they have not been given"
 	@echo "make drill    practise alone: questions with fresh numbers, each checked at once with its derivation (TOPIC=serving or TOPIC=01, SEED=, COUNT=)"
 	@echo "make mock-interview  a timed mock interview: numbers, choices and written answers, then a report of what to revise (SEED=, COUNT=)"
 	@echo "make test     set up on first use, then run the test suite (under 10 minutes on 2 cores; not the cohort suite)"
@@ -111,7 +116,7 @@ $(UI_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e ".[hf,test,ui]"
 	@touch $(UI_STAMP)
 
-test-ui: $(UI_STAMP)
+test-ui: $(UI_STAMP) $(HUB_STAMP) $(SANDBOX_STAMP)
 	@test -x "$${CHROMIUM:-/usr/bin/chromium}" || { echo "make test-ui needs Debian's Chromium: apt-get install chromium (or CHROMIUM=path)"; exit 2; }
 	$(BIN)/python -m pytest -o addopts="-ra -p no:cacheprovider" tests_ui
 
@@ -144,11 +149,39 @@ grade: $(STAMP)
 		$(if $(filter no,$(MODEL_ANSWERS)),--no-model-answers,)
 
 grade-cohort: $(STAMP) $(SANDBOX_STAMP)
-	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [WORKERS=2] [OUT=cohort-grades] [TIMEOUT=600] [CELL_TIMEOUT=120] [MEMORY_MB=8192] [ASSIGNMENT=slug ...] [STUDENT=name ...]"; exit 2; }
+	@test -n "$(SUBMITTED)" || { echo "usage: make grade-cohort SUBMITTED=path/to/submitted [COURSE=grader] [WORKERS=2] [OUT=cohort-grades] [TIMEOUT=600] [CELL_TIMEOUT=120] [MEMORY_MB=8192] [ASSIGNMENT=slug ...] [STUDENT=name ...] [CHANGED=yes]"; exit 2; }
 	$(BIN)/python -m specdec.course.cohort "$(SUBMITTED)" --workers $(or $(WORKERS),2) --out "$(or $(OUT),cohort-grades)" \
+		$(if $(or $(filter-out file,$(origin COURSE)),$(wildcard $(COURSE)/gradebook.db)),--course "$(COURSE)",) \
+		$(if $(filter yes,$(CHANGED)),--changed,) \
 		$(if $(TIMEOUT),--timeout $(TIMEOUT),) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT),) \
 		$(if $(MEMORY_MB),--memory-mb $(MEMORY_MB),) $(foreach a,$(ASSIGNMENT),--assignment $(a)) \
 		$(foreach s,$(STUDENT),--student $(s))
+
+# The instructor's course folder (nbgrader's course root: its gradebook, release/, submitted/, feedback/).
+COURSE ?= grader
+
+# formgrader on the course: written answers with their model answer and rubric beside them (Jupyter starts in the
+# course folder, where formgrader finds nbgrader_config.py and the gradebook).
+formgrader: $(STAMP)
+	cd "$(COURSE)" && $(abspath $(BIN))/jupyter lab --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) \
+		--ServerApp.default_url=/formgrader $(if $(filter no,$(BROWSER)),--no-browser,) \
+		$(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# Feedback with the written scores, then back through nbgrader's exchange (EXCHANGE=no: only render, for an LMS).
+feedback: $(STAMP)
+	@test -n "$(ASSIGNMENT)" || { echo "usage: make feedback ASSIGNMENT=slug [COURSE=grader] [EXCHANGE=no]"; exit 2; }
+	$(BIN)/python -m specdec.course.gradebook feedback $(ASSIGNMENT) --course "$(COURSE)"
+	$(if $(filter no,$(EXCHANGE)),,cd "$(COURSE)" && for a in $(ASSIGNMENT); do PATH="$(abspath $(BIN)):$$PATH" $(abspath $(BIN))/nbgrader release_feedback $$a || exit 1; done)
+
+# The totals after the written answers: automatic, written graded, written pending, late penalty, total, maximum.
+totals: $(STAMP)
+	@test -n "$(ASSIGNMENT)" || { echo "usage: make totals ASSIGNMENT=slug [COURSE=grader] [OUT=file.csv]"; exit 2; }
+	@$(BIN)/python -m specdec.course.gradebook totals $(ASSIGNMENT) --course "$(COURSE)" $(if $(OUT),--out "$(OUT)",)
+
+# What a cohort's students install: RELEASE="01 02" notebooks, ANSWERS="01" references kept, into OUT (a new folder).
+student-edition: $(STAMP)
+	@test -n "$(OUT)" -a -n "$(RELEASE)" || { echo "usage: make student-edition OUT=dir RELEASE=\"01 02\" [ANSWERS=\"01\"]"; exit 2; }
+	$(BIN)/python -m specdec.course.edition --out "$(OUT)" --release $(RELEASE) --answers $(ANSWERS)
 
 drill: $(STAMP)
 	@$(BIN)/python -m specdec.drill $(if $(TOPIC),--topic $(TOPIC),) $(if $(SEED),--seed $(SEED),) $(if $(COUNT),--count $(COUNT),)

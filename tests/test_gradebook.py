@@ -7,8 +7,10 @@ feedback that `nbgrader release_feedback` sends."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
+import io
 import json
 import re
 
@@ -202,3 +204,32 @@ def test_a_cohort_lands_in_one_gradebook_with_lateness_and_written_answers_to_gr
     assert (course / "feedback" / "partial" / SLUG / f"{SLUG}-Copy1.html").exists() is False  # nothing collected
     assert gradebook.main(["totals", SLUG, "--course", str(course), "--out", str(tmp_path / "totals.csv")]) == 0
     assert "correct,14_frontier,2026-12-01T11:59:00,0,26,1,1,0,27,28" in (tmp_path / "totals.csv").read_text()
+
+
+@pytest.mark.cohort
+def test_a_regrade_with_changed_grades_only_what_changed(tmp_path):
+    """--changed keeps a result whose inputs are the same (notebook, submission time, instructor notebook, package,
+    due date) and regrades the rest; the outputs still hold every submission."""
+    slug = "01_cost_ledger"
+    submitted, out = tmp_path / "submitted", tmp_path / "out"
+    for student in ("alice", "bob"):
+        (submitted / student / slug).mkdir(parents=True)
+        nbformat.write(read(student_path(slug)), submitted / student / slug / f"{slug}.ipynb")
+
+    def grade(*extra: str) -> list[str]:
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            assert cohort.main([str(submitted), "--out", str(out), "--workers", "2", "--unsafe-no-sandbox", *extra]) == 0
+        lines = printed.getvalue().splitlines()
+        return [line for line in lines if line.startswith(("graded ", "[")) or "unchanged" in line]
+
+    first = grade()
+    assert len([line for line in first if line.startswith("[")]) == 2
+    again = grade("--changed")
+    assert again[0].startswith("2 submissions unchanged") and not [line for line in again if line.startswith("[")]
+    assert [r["student"] for r in csv.DictReader(open(out / "totals.csv"))] == ["alice", "bob"]
+    (submitted / "bob" / slug / "timestamp.txt").write_text("2026-12-02 10:00:00 UTC")  # a later submission
+    third = grade("--changed")
+    assert third[0].startswith("1 submission unchanged") and [line for line in third if line.startswith("[")] == [
+        "[1/1] bob/01_cost_ledger: 0 / 10"]
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "totals.csv"))}
+    assert (rows["alice"]["timestamp"], rows["bob"]["timestamp"]) == ("", "2026-12-02 10:00:00.000000 UTC")

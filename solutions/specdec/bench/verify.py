@@ -63,20 +63,22 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def compare(B: int = 64, gamma: int = 4, V: int = 32000, repeats: int = 5, seed: int = 0) -> dict[str, float]:
-    """Median seconds of the loops and the batched verifiers, and the ratios, in one run.
+def compare(B: int = 64, gamma: int = 4, V: int = 32000, repeats: int = 5, seed: int = 0,
+            sampling: bool = True) -> dict[str, float]:
+    """Median seconds of the loops and the batched verifiers, and the ratios, in one run (greedy only with
+    ``sampling=False``: notebook 02 comes before the sampling verifier).
 
     Both run on one CPU thread: PyTorch's thread pool adds a fixed cost to every small
     operation that varies from machine to machine and would swamp the comparison."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _compare(B, gamma, V, repeats, seed)
+        return _compare(B, gamma, V, repeats, seed, sampling)
     finally:
         torch.set_num_threads(threads)
 
 
-def _compare(B: int, gamma: int, V: int, repeats: int, seed: int) -> dict[str, float]:
+def _compare(B: int, gamma: int, V: int, repeats: int, seed: int, sampling: bool) -> dict[str, float]:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(B, gamma + 1, V, generator=g)
     p = torch.softmax(logits.double(), -1)
@@ -87,11 +89,12 @@ def _compare(B: int, gamma: int, V: int, repeats: int, seed: int) -> dict[str, f
     result = {
         "greedy_loop_s": median_time(lambda: greedy_loop(greedy_draft, logits), repeats),
         "greedy_batched_s": median_time(lambda: greedy_verify_batched(greedy_draft, logits), repeats),
-        "sampling_loop_s": median_time(lambda: sampling_loop(p, q, draft, g), repeats),
-        "sampling_batched_s": median_time(lambda: verify_chain_batched(p, q, draft, g), repeats),
     }
     result["greedy_ratio"] = result["greedy_loop_s"] / result["greedy_batched_s"]
-    result["sampling_ratio"] = result["sampling_loop_s"] / result["sampling_batched_s"]
+    if sampling:
+        result["sampling_loop_s"] = median_time(lambda: sampling_loop(p, q, draft, g), repeats)
+        result["sampling_batched_s"] = median_time(lambda: verify_chain_batched(p, q, draft, g), repeats)
+        result["sampling_ratio"] = result["sampling_loop_s"] / result["sampling_batched_s"]
     return result
 
 

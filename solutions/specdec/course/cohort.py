@@ -39,6 +39,8 @@ import ast
 import contextlib
 import csv
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 import re
@@ -71,6 +73,7 @@ from specdec.course.driver import (
     source_notebook,
 )
 from specdec.course.gradebook import (
+    due_date,
     finish_page,
     format_lateness,
     grader_id,
@@ -116,6 +119,7 @@ class Submission:
     late_penalty: float = 0.0  # points taken off by nbgrader's LateSubmissionPlugin (the course's penalty_method)
     answers: dict[str, str] = field(default_factory=dict)  # grade_id -> code answer, for similarity
     similar: bool = False  # an answer too alike another's or the reference's: for review, never penalised
+    fingerprint: str = ""  # what its grade depends on (fingerprint): --changed keeps a grade whose inputs are the same
 
 
 #: Most bytes a submitted notebook may have: a bigger file is refused unread (the course's notebooks, outputs
@@ -861,7 +865,7 @@ def _submission_record(sub: Submission) -> dict:
             "grades": [dataclasses.asdict(g) for g in sub.grades], "messages": sub.messages,
             "flagged": sub.flagged, "graded": sub.graded, "seconds": sub.seconds, "needs_review": sub.needs_review,
             "timestamp": sub.timestamp, "seconds_late": sub.seconds_late, "late_penalty": sub.late_penalty,
-            "answers": sub.answers}
+            "answers": sub.answers, "fingerprint": sub.fingerprint}
 
 
 def _submission_from(record: dict) -> Submission:
@@ -869,7 +873,54 @@ def _submission_from(record: dict) -> Submission:
                       [CellGrade(**g) for g in record["grades"]], record["messages"], record["flagged"],
                       record.get("needs_review", False), record["graded"], record["seconds"],
                       timestamp=record.get("timestamp", ""), seconds_late=record.get("seconds_late", 0.0),
-                      late_penalty=record.get("late_penalty", 0.0), answers=record.get("answers", {}))
+                      late_penalty=record.get("late_penalty", 0.0), answers=record.get("answers", {}),
+                      fingerprint=record.get("fingerprint", ""))
+
+
+RESULTS_FILE = "submissions.json"  # every run's submissions with their fingerprints, for the next run's --changed
+
+
+@functools.cache
+def _package_digest() -> bytes:
+    """The package's code (checks, lessons, grading): a change anywhere in it regrades everything."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO_ROOT / "solutions" / "specdec").rglob("*.py")):
+        digest.update(path.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.digest()
+
+
+def fingerprint(sub: Submission, course: Path | None) -> str:
+    """What a submission's grade depends on: its notebook's bytes, its submission time, its assignment's instructor
+    notebook (tests and points), the package's code and the due date with the student's extension. "" when the
+    notebook is not a plain file of at most NOTEBOOK_LIMIT bytes (never kept: it is graded, and refused, again)."""
+    try:
+        info = os.lstat(sub.path)
+    except OSError:
+        return ""
+    if sub.refused or not stat.S_ISREG(info.st_mode) or info.st_size > NOTEBOOK_LIMIT:
+        return ""
+    digest = hashlib.sha256(_package_digest())
+    for part in (sub.path.read_bytes(), sub.timestamp.encode(), source_notebook(sub.assignment).read_bytes(),
+                 str(due_date(course, sub.assignment, grader_id(sub.student)) if course else "").encode()):
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()
+
+
+def keep_unchanged(subs: list[Submission], out: Path) -> tuple[list[Submission], list[Submission]]:
+    """(to grade, kept): a submission whose fingerprint equals the one of the last run into ``out`` keeps that run's
+    result (its feedback and autograded notebook are in ``out`` already)."""
+    try:
+        previous = {(r["student"], r["assignment"]): r for r in json.loads((out / RESULTS_FILE).read_text())}
+    except (OSError, ValueError, KeyError, TypeError):
+        return subs, []
+    to_grade, kept = [], []
+    for sub in subs:
+        before = previous.get((sub.student, sub.assignment))
+        if sub.fingerprint and before and before.get("fingerprint") == sub.fingerprint:
+            kept.append(_submission_from(before))
+        else:
+            to_grade.append(sub)
+    return to_grade, kept
 
 
 def write_shard(subs: list[Submission], problems: list[str], shard: tuple[int, int], out: Path) -> None:
@@ -970,6 +1021,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the instructor's nbgrader course (grader/, or the hub's course folder): due dates, "
                              "extensions and the late penalty come from it, and the results go into its gradebook "
                              "and autograded/ for formgrader")
+    parser.add_argument("--changed", action="store_true",
+                        help="regrade only what changed since the last run into --out: a submission whose notebook, "
+                             "submission time, instructor notebook, due date and the package's code are the same keeps "
+                             "its result")
     parser.add_argument("--shard", type=parse_shard, metavar="K/N",
                         help="grade only shard K of N (students split by a hash of their name; 0 <= K < N) and "
                              "write shard.json for merge")
@@ -1006,6 +1061,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cohort: no submissions under {args.submitted} (expected <student>/<assignment>/<notebook>.ipynb)",
               file=sys.stderr)
         return 2
+    for sub in subs:
+        sub.fingerprint = fingerprint(sub, args.course)
+    kept: list[Submission] = []
+    if args.changed:
+        subs, kept = keep_unchanged(subs, args.out)
+        say(f"{len(kept)} submission{'' if len(kept) == 1 else 's'} unchanged since the last run into {args.out}/: "
+            "results kept")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specdec-cohort-") as tmp:
         scratch_root = Path(tmp)
@@ -1040,16 +1102,20 @@ def main(argv: list[str] | None = None) -> int:
                 first = f"; {s.messages[0].removeprefix('not graded: ')}" if s.messages else ""
                 say(visible(f"[{done}/{len(subs)}] {s.student}/{s.assignment}: {status}{marks}{first}", LINE_LIMIT),
                     flush=True)
+    graded_now = len(subs)
+    subs = sorted(subs + kept, key=lambda s: (s.student, s.assignment))
     if not args.shard:  # shards: merge compares and records the whole cohort at once
         problems += similar_answers(subs)
         if args.course:
             problems += record(args.course, subs, args.out / "autograded")
     write_outputs(subs, problems, args.out)
+    (args.out / RESULTS_FILE).write_text(json.dumps([_submission_record(s) for s in subs]))
     if args.shard:
         write_shard(subs, problems, args.shard, args.out)
     wall = time.perf_counter() - start
-    say(f"graded {sum(s.graded for s in subs)} of {len(subs)} submissions in {wall:.0f} s "
-          f"({wall / len(subs):.1f} s per notebook); results in {args.out}/")
+    say(f"graded {graded_now} submissions in {wall:.0f} s ({wall / max(graded_now, 1):.1f} s per notebook)"
+        + (f", kept {len(kept)} unchanged" if kept else "") + f"; {sum(s.graded for s in subs)} of {len(subs)} graded; "
+        f"results in {args.out}/")
     for p in problems:
         say(visible(f"skipped {p}", LINE_LIMIT))
     return 0

@@ -32,6 +32,8 @@ from specdec.paths import DATA_DIR, NOTEBOOKS_DIR, REPO_ROOT
 
 _HIDDEN_CHECK = ("{name} = __import__('specdec.checks.core', fromlist=['hidden_check']).hidden_check({name!r})"
                  "  # a hidden test: your instructor's\n")
+_DRILL_CHECKS = ('"""Left out of the student edition: the drill questions\' answers are your instructor\'s."""\n\n'
+                 + "".join(_HIDDEN_CHECK.format(name=name) for name in ("check_number", "check_choice")))
 _NO_MISTAKES = '"""Left out of the student edition: the catalogue explains the hidden tests."""\n\nMISTAKES: list = []\n'
 README = """# Speculative decoding: the student edition
 
@@ -75,6 +77,7 @@ def build(dest: Path, released: list[str], answers: list[str]) -> Path:
     cut_references(package, withheld - kept)
     for path in (package / "checks").glob("*.py"):
         _leave_out_checks(path)
+    (package / "checks" / "drill.py").write_text(_DRILL_CHECKS)  # its table of answers is the drill's answer key
     for path in (package / "mistakes").glob("*.py"):
         if path.name not in ("__init__.py", "drill.py"):  # the drill's own explanations of its questions stay
             path.write_text(_NO_MISTAKES)
@@ -100,7 +103,14 @@ def needed_answers(released: list[str], answers: list[str]) -> list[str]:
         missing = [earlier for earlier in order[:order.index(slug)] if earlier not in answers]
         if missing:
             found.append(f"{slug} builds on {', '.join(missing)}, whose answers are not released")
+        if slug in RUNS_ITS_OWN:
+            found.append(f"{slug} runs the package's {RUNS_ITS_OWN[slug]} before the cell that asks for it")
     return found
+
+
+#: Notebooks whose demos run one of their own exercises through the package before the learner has written it:
+#: in the edition they need their own answers (so they suit self-study, not a graded release, until reordered).
+RUNS_ITS_OWN = {"09_benchmark": "measured_costs (its first sweep)", "11_serving": "schedule_step (its engine demo)"}
 
 
 def _leave_out_checks(path: Path) -> None:

@@ -31,6 +31,8 @@ def _learners_namespace() -> dict[str, Any]:
 class LearnersOwn:
     """Where the reference of ``exercise`` was: its callers get the learner's ``exercise``."""
 
+    __withheld__ = True  # what the package's own code looks for (the drill leaves out questions built on one)
+
     def __init__(self, exercise: str, module: str):
         self.exercise, self.__name__, self.__module__ = exercise, exercise, module
         self.__qualname__ = exercise
@@ -41,8 +43,8 @@ class LearnersOwn:
             raise RuntimeError(f"{self.__module__}.{self.exercise} {WITHHELD}: the notebook grades your own version "
                                "of it")
         if found is None:
-            raise NameError(f"{self.__module__}.{self.exercise} runs your own {self.exercise} while grading: define "
-                            f"{self.exercise} first")
+            raise NameError(f"{self.__module__}.{self.exercise} runs your own {self.exercise} here (the course's answer "
+                            f"is not in this package): define {self.exercise} first, in its exercise's cell")
         return found
 
     def _entered(self) -> bool:

@@ -7,6 +7,8 @@ and grade them the same way.
 from __future__ import annotations
 
 import random
+import sys
+import types
 from dataclasses import dataclass
 
 from specdec.drill.questions import NOTEBOOKS, REGISTRY, TOPICS, DrillInputError, Question, Section, Template
@@ -18,9 +20,21 @@ BUDGET_S = {"number": 120, "choice": 60, "written": 300}
 Item = Question | Written
 
 
+def _withheld(template: Template) -> bool:
+    """True when the template's answer comes from an exercise whose reference this package does not hold (a student
+    edition before that notebook's answers are released, or a grading sandbox): its module, or a course module it
+    imports whole, holds a stand-in (specdec.course.withheld)."""
+    module = sys.modules.get(template.draw.__module__)
+    if module is None:
+        return False
+    used = [module] + [v for v in vars(module).values()  # and the course's modules it imports whole
+                       if isinstance(v, types.ModuleType) and v.__name__.startswith("specdec.")]
+    return any(getattr(value, "__withheld__", False) is True for m in used for value in vars(m).values())
+
+
 def templates(topic: str | None = None) -> list[Template]:
     """The templates of a topic (``ledger``, ``kv`` ...), of a notebook (``01``, ``1`` or ``01_cost_ledger``), or all."""
-    every = sorted(REGISTRY.values(), key=lambda t: (t.section.notebook, t.name))
+    every = sorted((t for t in REGISTRY.values() if not _withheld(t)), key=lambda t: (t.section.notebook, t.name))
     if topic is None or topic == "all":
         return every
     key = topic.strip().lower()
