@@ -164,7 +164,7 @@ COURSE ?= grader
 # course folder, where formgrader finds nbgrader_config.py and the gradebook).
 formgrader: $(STAMP)
 	cd "$(COURSE)" && $(abspath $(BIN))/jupyter lab --ServerApp.ip=$(HOST) --ServerApp.port=$(PORT) \
-		--ServerApp.default_url=/formgrader $(if $(filter no,$(BROWSER)),--no-browser,) \
+		--LabApp.default_url=/formgrader $(if $(filter no,$(BROWSER)),--no-browser,) \
 		$(if $(filter 0,$(shell id -u)),--allow-root,)
 
 # Feedback with the written scores, then back through nbgrader's exchange (EXCHANGE=no: only render, for an LMS).
