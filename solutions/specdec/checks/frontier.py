@@ -16,7 +16,10 @@ from specdec.checks.core import (
     diagnose,
     expect_no_global_draws,
     expect_reproducible,
+    expect_untouched,
     global_rng_state,
+    snapshot_inputs,
+    uniforms_at_zero,
 )
 from specdec.checks.seeds import salted
 from specdec.checks.stats import compare_frequencies
@@ -75,22 +78,34 @@ def check_experts_touched(fn: Callable) -> None:
         cases.append((f"random routing #{i}: {layers} layers, {tokens} tokens, top 2 of {experts}",
                       _routing(layers, tokens, 2, experts, rng, skew=rng.choice([0.0, 1.5]))))
     cases.append(("random routing #5 as int32 ids", cases[-1][1].to(torch.int32)))
+    cases += [("two layers and no tokens", torch.zeros(2, 0, 2, dtype=torch.int64)),
+              ("no layers", torch.zeros(0, 5, 2, dtype=torch.int64)),
+              ("no tokens, int32 ids", torch.zeros(3, 0, 2, dtype=torch.int32))]
     history: list = []
     for description, routing in cases:
         label = f"{name}({description})"
         expected = moe.experts_touched(routing)
-        got = call(fn, label, routing.clone())
+        given = routing.clone()
+        before = snapshot_inputs((given,))
+        got = call(fn, label, given)
         history.append(((routing,), got))
+        expect_untouched(label, (given,), before)
         if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got.to(torch.int64), expected)):
             shown = got.tolist() if isinstance(got, torch.Tensor) else got
             raise CheckFailure(f"{label}: expected {expected.tolist()} (distinct experts per layer), got {shown}."
                                f"{diagnose(for_exercise(name), history)}")
         if got.dtype != torch.int64:
-            raise CheckFailure(f"{label}: returned dtype {got.dtype}; return counts as an int64 tensor.")
+            raise CheckFailure(f"{label}: returned dtype {got.dtype}; return counts as an int64 tensor, also when there "
+                               "is nothing to count (torch.tensor([]) is float32: give it dtype=torch.int64)."
+                               f"{diagnose(for_exercise(name), history)}")
 
 
 def _measured_union(n: int) -> float:
     return 8 - 6 * 0.8 ** (n - 1)  # 2 experts for one token (its top 2), 5.54 for five (6.10 if independent)
+
+
+def _spread_union(n: int) -> float:
+    return float(min(8, 2 * n))  # every token on experts no other token took: 4 for two tokens (3.5 if independent)
 
 
 def _moe_cases() -> list[tuple[str, tuple]]:
@@ -102,6 +117,14 @@ def _moe_cases() -> list[tuple[str, tuple]]:
     for tokens in (1, 5, 64):  # a measured union that grows more slowly than independent routing's
         cases.append((f"Mixtral-8x7B-like, tokens={tokens}, measured union touched(n) = 8 - 6 x 0.8^(n - 1)",
                       (MOE_SHAPES["Mixtral-8x7B-like"], tokens, 2, bw, fl, _measured_union)))
+    for tokens in (2, 3):  # anti-correlated routing: more experts than independent routing's formula gives
+        cases.append((f"Mixtral-8x7B-like, tokens={tokens}, measured union touched(n) = min(8, 2n) (tokens that avoid "
+                      "each other's experts)", (MOE_SHAPES["Mixtral-8x7B-like"], tokens, 2, bw, fl, _spread_union)))
+    slow = 2e11  # FLOP/s: a device on which even one token's step is compute bound
+    cases += [("64-experts-top-8, tokens=1, bf16, 3.35 TB/s and 0.2 TFLOP/s (compute bound at one token)",
+               (MOE_SHAPES["64-experts-top-8"], 1, 2, bw, slow)),
+              ("Mixtral-8x7B-like, tokens=4096, measured union 8 - 6 x 0.8^(n - 1), 0.2 TFLOP/s (compute bound)",
+               (MOE_SHAPES["Mixtral-8x7B-like"], 4096, 2, bw, slow, _measured_union))]
     rng = random.Random(salted(_SEED))
     for i in range(10):
         experts = rng.choice([8, 32, 64, 128])
@@ -120,6 +143,10 @@ def check_moe_step_seconds(fn: Callable) -> None:
 
 LLAMA_8B = long_context.Decoder("Llama-3-8B-like", 8.03e9, 2 * 32 * 8 * 128 * 2, 4 * 32 * 32 * 128)
 LLAMA_1B = long_context.Decoder("Llama-3.2-1B-like", 1.24e9, 2 * 16 * 8 * 64 * 2, 4 * 16 * 32 * 64)
+#: A pair whose speedup at batch 1 and context 0 is exactly 1 in floating point: E(0.5, 1) = 1.5 and a draft step of
+#: half a target step, so 1.5 T / (T / 2 + T) = 1 ("no longer pays" includes the tie).
+TIE_TARGET = long_context.Decoder("8e9-parameter target", 8e9, 2 * 32 * 8 * 128 * 2, 4 * 32 * 32 * 128)
+TIE_DRAFT = long_context.Decoder("4e9-parameter draft", 4e9, 2 * 16 * 8 * 128 * 2, 4 * 16 * 32 * 128)
 LLAMA_1B_WINDOW = long_context.Decoder("Llama-3.2-1B-like, 4096-position window", 1.24e9, 2 * 16 * 8 * 64 * 2,
                                        4 * 16 * 32 * 64, window=4096)
 
@@ -132,6 +159,8 @@ def _kv_cases() -> list[tuple[str, tuple]]:
                                        (512, 1, 8192)]:
             cases.append((f"{model.name}, rows={rows}, tokens_per_row={per_row}, context={context}, bf16, H100",
                           (model, rows, per_row, context, 2, bw, fl)))
+    cases += [(f"{model.name}, rows=1, tokens_per_row=1, context=4096, bf16, 3.35 TB/s and 0.2 TFLOP/s (compute bound "
+               "at one token)", (model, 1, 1, 4096, 2, bw, 2e11)) for model in (LLAMA_8B, LLAMA_1B_WINDOW)]
     rng = random.Random(salted(46))  # and inputs nobody can list in advance (a grading run salts the seed)
     for _ in range(6):
         model, rows, per_row, context = (rng.choice((LLAMA_8B, LLAMA_1B_WINDOW, LLAMA_1B)), rng.randint(1, 512),
@@ -165,7 +194,9 @@ def check_crossover_batch(fn: Callable) -> None:
               (f"alpha=0.8, gamma=4, context=512, draft {LLAMA_1B.name}, max_rows=512",
                (0.8, 4, 512, LLAMA_8B, LLAMA_1B, 2, bw, fl, 512)),
               (f"alpha=0.8, gamma=4, context=512, draft {LLAMA_1B.name}, max_rows=400",
-               (0.8, 4, 512, LLAMA_8B, LLAMA_1B, 2, bw, fl, 400))]
+               (0.8, 4, 512, LLAMA_8B, LLAMA_1B, 2, bw, fl, 400)),
+              ("alpha=0.5, gamma=1, context=0, a draft of half the target's weights: the speedup is exactly 1 at "
+               "batch 1", (0.5, 1, 0, TIE_TARGET, TIE_DRAFT, 2, bw, fl))]
     rng = random.Random(salted(47))  # and inputs nobody can list in advance (a grading run salts the seed)
     for _ in range(6):
         alpha, gamma, context = round(rng.uniform(0.2, 0.97), 6), rng.randint(1, 8), rng.randint(256, 131072)
@@ -182,6 +213,13 @@ def check_crossover_batch(fn: Callable) -> None:
             raise CheckFailure(f"{label}: return a batch size (an int) or None, got {got!r}.")
         if got != expected:
             raise CheckFailure(f"{label}: expected {expected}, got {got!r}.{diagnose(for_exercise('crossover_batch'), history)}")
+
+
+#: A block whose every h is 0: the first draft halves the prefix's weight and p = q at the second position leaves no
+#: excess (h_1 = 0), and the second draft has p = 0 (w_2 = h_2 = 0). Nothing may be kept: with every uniform at 0
+#: (a draw U[0, 1) allows), u < h keeps nothing and u <= h keeps both drafts.
+_NOTHING_KEPT = (torch.tensor([[1 / 3, 2 / 3, 0.0], [0.5, 0.0, 0.5], [0.2, 0.3, 0.5]], dtype=torch.float64),
+                 torch.tensor([[2 / 3, 1 / 3, 0.0], [0.5, 0.25, 0.25]], dtype=torch.float64), torch.tensor([0, 1]))
 
 
 def _random_block(rng: torch.Generator, gamma: int, vocab: int, sharp: float) -> tuple:
@@ -215,14 +253,18 @@ def check_block_weights(fn: Callable) -> None:
     cases = _block_cases()
     p32, q32, d32 = cases[5][1]
     cases.append(("random block #1 given in float32", (p32.float(), q32.float(), d32)))
+    cases.append(("a block with zeros in p and q, every h_i = 0", _NOTHING_KEPT))
     rng = torch.Generator().manual_seed(salted(48))  # and blocks nobody can list in advance (a grading run salts it)
     cases += [(f"a drawn block: gamma={gamma}, vocab={vocab}", _random_block(rng, gamma, vocab, sharp))
               for gamma, vocab, sharp in ((3, 5, 1.5), (5, 4, 2.0), (4, 7, 0.8))]
     for description, (p, q, draft) in cases:
         label = f"{name}({description})"
         w, h = block.block_weights(p, q, draft)
-        got = call(fn, label, p.clone(), q.clone(), draft.clone())
+        given = (p.clone(), q.clone(), draft.clone())
+        before = snapshot_inputs(given)
+        got = call(fn, label, *given)
         history.append(((p, q, draft), got))
+        expect_untouched(label, given, before)
         if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
             raise CheckFailure(f"{label}: return a pair of tensors (w, h), each of shape ({draft.shape[0]},); got {got!r}.")
         for what, want, have in (("w", w, got[0]), ("h", h, got[1])):
@@ -242,12 +284,55 @@ def _draws(fn: Callable, label: str, p, q, draft, runs: int, seed: int) -> list[
     state = global_rng_state((p,))
     out = []
     for _ in range(runs):
-        got = call(fn, label, p, q, draft, generator)
-        if not isinstance(got, torch.Tensor) or got.ndim != 1 or got.dtype != torch.long:
-            raise CheckFailure(f"{label}: return the committed tokens as a 1-D long tensor, got {got!r}.")
+        given = (p.clone(), q.clone(), draft.clone())
+        before = snapshot_inputs(given)
+        got = call(fn, label, *given, generator)
+        expect_untouched(label, given, before)
+        _expect_tokens(label, got)
         out.append(tuple(got.tolist()))
     expect_no_global_draws(label, state)
     return out
+
+
+def _expect_tokens(label: str, got) -> None:
+    if not isinstance(got, torch.Tensor) or got.ndim != 1 or got.dtype != torch.long:
+        raise CheckFailure(f"{label}: return the committed tokens as a 1-D long (int64) tensor, whatever the draft's "
+                           f"dtype, got {got!r}.")
+
+
+def _edge_cases(fn: Callable, name: str) -> None:
+    """The answers only controlled randomness tells apart: h = 0 with a uniform of exactly 0, an int32 draft, and
+    generator=None, which draws from torch's global generator (not a seed of the function's own)."""
+    p, q, draft = _NOTHING_KEPT
+    label = f"{name}(p, q, draft [0, 1] with every h_i = 0, every uniform exactly 0)"
+    assert block.block_weights(p, q, draft)[1].tolist() == [0.0, 0.0]
+    with uniforms_at_zero():
+        got = call(fn, label, p.clone(), q.clone(), draft.clone(), torch.Generator().manual_seed(salted(5)))
+    _expect_tokens(label, got)
+    if got.shape[0] != 1:
+        raise CheckFailure(f"{label}: kept {got.shape[0] - 1} drafts ({got.tolist()}); with h_i = 0 nothing may be "
+                           "kept. Keep position i only when u_i < h_i (strictly): a uniform can be exactly 0.")
+    _, (bp, bq, bd) = _block_cases()[5]
+    label = f"{name}(random block #1 with an int32 draft)"
+    _expect_tokens(label, call(fn, label, bp, bq, bd.to(torch.int32), torch.Generator().manual_seed(salted(6))))
+    label = f"{name}(random block #1, generator=None)"
+    state = torch.get_rng_state()
+    try:
+        runs = []
+        for global_seed in (11, 11, *range(12, 40)):
+            torch.manual_seed(salted(global_seed))
+            got = call(fn, label, bp, bq, bd, None)
+            _expect_tokens(label, got)
+            runs.append(tuple(got.tolist()))
+    finally:
+        torch.set_rng_state(state)
+    if runs[0] != runs[1]:
+        raise CheckFailure(f"{label}: with torch's global generator seeded the same, it returned {list(runs[0])} and "
+                           f"then {list(runs[1])}. generator=None means: draw from the global generator "
+                           "(torch.rand(..., generator=None) does), so torch.manual_seed makes it reproducible.")
+    if len(set(runs[1:])) == 1:
+        raise CheckFailure(f"{label}: returned {list(runs[1])} under 29 different global seeds. generator=None means: "
+                           "draw from torch's global generator, not from a generator of your own with a fixed seed.")
 
 
 def check_block_verify(fn: Callable) -> None:
@@ -266,6 +351,7 @@ def check_block_verify(fn: Callable) -> None:
                                  "max(w_tau p - q, 0).")
     p, q, draft = picked[1][1]
     expect_reproducible(fn, f"{name}(random block)", lambda seed: (p, q, draft, torch.Generator().manual_seed(salted(seed))))
+    _edge_cases(fn, name)
 
 
 def check_layer_skip_generate(fn: Callable) -> None:

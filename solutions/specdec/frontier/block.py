@@ -29,8 +29,9 @@ from specdec.chain import check_chain
 def block_weights(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix weights w_1..w_gamma and the keep probabilities h_1..h_gamma of a drafted block, float64.
 
-    p: (gamma + 1, V) target distributions along the draft; q: (gamma, V) the draft's; draft: (gamma,).
-    Returns (w, h), each (gamma,). Where w_i = 1 (nothing of the prefix lost) h_i is 1.
+    p: (gamma + 1, V) target distributions along the draft; q: (gamma, V) the draft's; draft: (gamma,) token ids
+    (any integer dtype). Returns (w, h), each (gamma,), float64 whatever the inputs' dtype. Where w_i = 1 (nothing of
+    the prefix lost) h_i is 1. p, q and draft are left as they are.
     """
     check_chain(p, q, draft, batched=False)
     ### BEGIN SOLUTION
@@ -62,8 +63,12 @@ def block_verify(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
                  generator: torch.Generator | None = None) -> torch.Tensor:
     """Block verification of one round; returns the committed tokens (tau + 1,), as verify_chain does.
 
-    p: (gamma + 1, V); q: (gamma, V); draft: (gamma,). One uniform per draft position and then one token from the
-    residual or the bonus distribution, all drawn from ``generator`` (nothing from the global generator).
+    p: (gamma + 1, V); q: (gamma, V); draft: (gamma,) token ids of any integer dtype; the result is int64 (long)
+    whatever the draft's dtype, and p, q and draft are left as they are. One uniform per draft position and then one
+    token from the residual or the bonus distribution, all drawn from ``generator`` (nothing from the global
+    generator), so the same seed gives the same output; with ``generator=None`` every draw comes from torch's global
+    generator (what torch.rand(..., generator=None) does), so torch.manual_seed makes it reproducible. Keep position
+    i when u_i < h_i, strictly (a uniform can be exactly 0).
     """
     w, h = block_weights(p, q, draft)
     ### BEGIN SOLUTION

@@ -33,6 +33,12 @@ class Decoder:
     attention_flops: float
     window: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            raise ValueError(f"{self.name}: window is the number of cached positions the model keeps, a positive int, "
+                             f"or None for a cache that keeps them all; got {self.window!r}")
+
 
 def step_seconds(model: Decoder, rows: int, tokens_per_row: int, context: int, bytes_per_param: float,
                  bandwidth: float, flops: float) -> float:
@@ -67,8 +73,9 @@ def speedup_at(alpha: float, gamma: int, rows: int, context: int, target: Decode
 
 def crossover_batch(alpha: float, gamma: int, context: int, target: Decoder, draft: Decoder, bytes_per_param: float,
                     bandwidth: float, flops: float, max_rows: int = 4096) -> int | None:
-    """The smallest batch (a power of two up to ``max_rows``) at which speculation no longer pays (speedup <= 1),
-    or None if it still pays at ``max_rows``."""
+    """The smallest batch among 1, 2, 4, ... (powers of two up to ``max_rows``, so the largest one tried is the largest
+    power of two <= max_rows) at which speculation no longer pays: speedup_at(...) <= 1, a speedup of exactly 1
+    included. None if it still pays at every batch tried."""
     check_probability(alpha, "alpha")
     check_positive_int(gamma, "gamma")
     ### BEGIN SOLUTION

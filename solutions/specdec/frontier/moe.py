@@ -39,7 +39,7 @@ def experts_touched(routing: torch.Tensor) -> torch.Tensor:
 
     routing: (layers, tokens, top_k) expert ids (int), the experts each token of one forward went to in each
     layer. Returns (layers,) int64: the number of distinct ids in each layer (an expert two tokens share is read
-    once).
+    once); 0 for a layer with no tokens, and an empty int64 tensor for no layers. ``routing`` is left as it is.
     """
     if not isinstance(routing, torch.Tensor) or routing.ndim != 3 or routing.is_floating_point():
         raise ValueError("routing must be an integer tensor (layers, tokens, top_k)")

@@ -71,13 +71,13 @@ def _weights(p, q, draft, *, h_is_w=False, last_keeps=False, uncapped=False, exc
     return torch.tensor(w, dtype=torch.float64), torch.tensor(h, dtype=torch.float64)
 
 
-def _block_sampler(p, q, draft, generator=None, *, first_failure=False, last="residual"):
-    """Block verification with one thing changed: stop at the first failed coin, or draw the last token from p
-    ("p") or from the residual without the prefix's weight ("unweighted")."""
+def _block_sampler(p, q, draft, generator=None, *, first_failure=False, last="residual", at_equal=False):
+    """Block verification with one thing changed: stop at the first failed coin, draw the last token from p
+    ("p") or from the residual without the prefix's weight ("unweighted"), or keep a position at u_i = h_i."""
     w, h = block.block_weights(p, q, draft)
     gamma = draft.shape[0]
     u = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    kept = [i + 1 for i in range(gamma) if u[i] < h[i]]
+    kept = [i + 1 for i in range(gamma) if (u[i] <= h[i] if at_equal else u[i] < h[i])]
     tau = kept[-1] if kept else 0
     if first_failure:  # token-wise order with block weights
         tau = 0
@@ -138,6 +138,50 @@ def _layer_skip(model, exit_layer, prompt, max_new_tokens, gamma, *, recompute=F
         stats["proposed"] += g
         stats["accepted"] += k
     return out[:max_new_tokens], stats
+
+
+def _counts_untyped(routing):
+    return torch.tensor([len(torch.unique(layer)) for layer in routing])  # float32 when there is no layer
+
+
+def _union_capped_by_formula(model, tokens, bpp, bw, fl, touched=None):
+    independent = moe.expected_experts_touched(tokens, model.top_k, model.experts)
+    return _step_reads(model, tokens, bpp, bw, fl, (lambda n: min(touched(n), independent)) if touched else None)
+
+
+def _no_compute_for_one_token(model, tokens, bpp, bw, fl, touched=None):
+    if tokens == 1:
+        return _step_reads(model, tokens, bpp, bw, float("inf"), touched)  # the bytes alone
+    return moe.moe_step_seconds(model, tokens, bpp, bw, fl, touched)
+
+
+def _kv_no_compute_for_one_token(model, rows, tokens_per_row, context, bpp, bw, fl):
+    if rows * tokens_per_row == 1:
+        cached = context if model.window is None else min(context, model.window)
+        return (model.params * bpp + cached * model.kv_bytes) / bw
+    return long_context.step_seconds(model, rows, tokens_per_row, context, bpp, bw, fl)
+
+
+def _strictly_below_one(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+    rows = 1
+    while rows <= max_rows:
+        if long_context.speedup_at(alpha, gamma, rows, context, target, draft, bytes_per_param, bandwidth, flops) < 1:
+            return rows
+        rows *= 2
+    return None
+
+
+def _draft_dtype(p, q, draft, generator=None):
+    return block.block_verify(p, q, draft, generator).to(draft.dtype)
+
+
+def _own_seed_without_generator(p, q, draft, generator=None):
+    return block.block_verify(p, q, draft, generator if generator is not None else torch.Generator().manual_seed(0))
+
+
+def _clamps_q_in_place(p, q, draft, generator=None):
+    q.clamp_(min=1e-12)  # "avoid dividing by zero", on the caller's tensor
+    return block.block_verify(p, q, draft, generator)
 
 
 MISTAKES: list[Mistake] = [
@@ -263,4 +307,31 @@ MISTAKES: list[Mistake] = [
     Mistake("block_verify", "residual_without_weight", lambda *a: _block_sampler(*a, last="unweighted"),
             "Uses max(p - q, 0) after a kept prefix: the residual is max(w_tau p - q, 0), weighted by what is "
             "left of the prefix."),
+    # kinds a wrong-answer trial found (issue 53)
+    Mistake("experts_touched", "float_counts_when_empty", _counts_untyped,
+            "Builds the counts with torch.tensor(list) and no dtype: with no layer the list is empty and the tensor is "
+            "float32. Give it dtype=torch.int64."),
+    Mistake("moe_step_seconds", "union_capped_by_the_formula", _union_capped_by_formula,
+            "Caps the measured union at the independent-routing formula: the formula is the expectation under "
+            "independent uniform routing, not a bound. Correlated tokens touch fewer experts, tokens that avoid each "
+            "other's experts touch more (up to min(E, n k)): the measurement replaces the formula."),
+    Mistake("moe_step_seconds", "no_compute_for_one_token", _no_compute_for_one_token,
+            "Skips the compute term for a single token: a decode step is usually memory bound, but the roofline is "
+            "the slower of the two for every token count (on a slow device one token is compute bound)."),
+    Mistake("step_seconds", "no_compute_for_one_token", _kv_no_compute_for_one_token,
+            "Skips the compute term for a single token: the roofline is the slower of reading and computing for "
+            "every step, one token included."),
+    Mistake("crossover_batch", "strictly_below_one", _strictly_below_one,
+            "Stops only when the speedup is below 1: 'no longer pays' includes a speedup of exactly 1 (<= 1)."),
+    Mistake("block_verify", "keeps_at_equality", lambda *a: _block_sampler(*a, at_equal=True),
+            "Keeps position i when u_i <= h_i: with h_i = 0 a uniform of exactly 0 keeps a prefix that may not be "
+            "kept. Keep it only when u_i < h_i."),
+    Mistake("block_verify", "returns_the_drafts_dtype", _draft_dtype,
+            "Returns the committed tokens in the draft's dtype: they are int64 (long) whatever the draft's dtype, as "
+            "verify_chain returns them."),
+    Mistake("block_verify", "own_seed_without_generator", _own_seed_without_generator,
+            "Falls back to a generator of its own with a fixed seed when none is given: generator=None means torch's "
+            "global generator, which torch.manual_seed controls."),
+    Mistake("block_verify", "clamps_q_in_place", _clamps_q_in_place,
+            "Clamps q in place: the caller's tensor changes. Work on a copy (q.clamp(min=...)) if you need one."),
 ]
