@@ -68,6 +68,47 @@ def kv_share(rng: random.Random) -> Number:
         rel=0.005)
 
 
+@number("frontier_rows_that_fit", topic="frontier", notebook=NB, section=LONG)
+def rows_that_fit(rng: random.Random) -> Number:
+    name, params, kv = rng.choice([("Llama-3-8B-like", 8.03, 131_072), ("Llama-3-70B-like (one GPU's share at TP 8)",
+                                    70.6 / 8, 327_680 / 8), ("Llama-3.2-3B-like", 3.21, 114_688)])
+    context, hbm = rng.choice([8192, 32768, 65536, 131072]), rng.choice([80, 141])
+    free = hbm * 1e9 - params * 1e9 * 2
+    rows = int(free // (context * kv))
+    return Number(
+        f"A {name} target in bf16 ({params:.4g}B parameters on the GPU, {kv:,.0f} bytes of KV per cached position on "
+        f"the GPU) on {'an' if hbm == 80 else 'a'} {hbm} GB GPU. How many rows of {context:,} cached positions fit "
+        "beside the weights (no draft)?",
+        rows,
+        f"The weights take {params:.4g}e9 x 2 = {params * 2:.3g} GB, leaving {free / 1e9:.4g} GB; one row's cache is "
+        f"{context:,} x {kv:,.0f} = {context * kv / 1e9:.4g} GB, so {free / 1e9:.4g} / {context * kv / 1e9:.4g} = "
+        f"{free / (context * kv):.3g}: {rows} whole rows. A ledger cell at a larger batch describes a batch that "
+        "cannot exist on this GPU.",
+        unit="rows", rel=0.0)
+
+
+@number("frontier_mla_queries", topic="frontier", notebook=NB, section=LONG)
+def mla_queries(rng: random.Random) -> Number:
+    heads = rng.choice([16, 32, 64, 128])
+    latent, rope = rng.choice([(512, 64), (256, 64), (512, 32)])
+    ridge = rng.choice([(295, "an H100 (989 TFLOP/s, 3.35 TB/s)")] + ([(206, "an H200 (989 TFLOP/s, 4.8 TB/s)")]
+                                                                     if heads < 128 else []))
+    per_query = 2 * heads * (latent + rope + latent) / ((latent + rope) * 2)
+    queries = -(-ridge[0] // per_query)  # the fewest whole queries at or above the ridge
+    return Number(
+        f"Multi-head latent attention with the projections absorbed: {heads} heads on one GPU attend over a cached "
+        f"latent of {latent} values plus {rope} RoPE values per position, in bf16. On {ridge[1]}, whose ridge is "
+        f"{ridge[0]} FLOPs per byte, how many query tokens per row make a verify step's attention compute bound?",
+        queries,
+        f"Per query and cached position: scores over {latent + rope} dimensions and a weighted sum over {latent}, "
+        f"2 x {heads} x ({latent + rope} + {latent}) = {2 * heads * (2 * latent + rope):,} FLOPs, against "
+        f"{latent + rope} x 2 = {(latent + rope) * 2:,} bytes read once for the whole row: {per_query:.4g} FLOPs per "
+        f"byte per query. {ridge[0]} / {per_query:.4g} = {ridge[0] / per_query:.3g}, so {queries:.0f} "
+        f"quer{'y' if queries == 1 else 'ies'}. "
+        "With grouped-query attention it takes dozens; with MLA, verification's attention stops being free.",
+        unit="queries", rel=0.0)
+
+
 @number("frontier_tp_draft_ms", topic="frontier", notebook=NB, section=RANKS)
 def tp_draft_ms(rng: random.Random) -> Number:
     layers, compute = rng.choice([12, 16, 24, 32]), rng.choice([0.2, 0.3, 0.5, 0.8])

@@ -1,11 +1,13 @@
 """Notebook 14, self-speculation: the target's first layers and its own LM head are the draft.
 
-LayerSkip (Elhoushi et al., ACL 2024, arXiv 2404.16710) and Draft & Verify (Zhang et al., ACL 2024) need no second
-model. The draft runs the target's first ``exit_layer`` layers, then the final norm and the LM head; verification
-runs the rest. Nothing is computed twice: the drafting forwards already wrote the early layers' KV for every
-position they fed and left their hidden states, so verification feeds the early layers only the last draft (never
-fed while drafting) and runs the late layers over the gamma + 1 positions from those hidden states. One KV cache
-serves both; after a round the cache is cut back to the committed tokens, early and late layers alike.
+LayerSkip (Elhoushi et al., ACL 2024, arXiv 2404.16710) needs no second model: it exits early and reuses the early
+layers' work in verification. (Draft & Verify, Zhang et al., ACL 2024, arXiv 2309.08168, also drafts with the
+target's own layers, but skips a chosen set of intermediate layers instead.) The draft runs the target's first
+``exit_layer`` layers, then the final norm and the LM head; verification runs the rest. Nothing is computed twice:
+the drafting forwards already wrote the early layers' KV for every position they fed and left their hidden states,
+so verification feeds the early layers only the last draft (never fed while drafting) and runs the late layers over
+the gamma + 1 positions from those hidden states. One KV cache serves both; after a round the cache is cut back to
+the committed tokens, early and late layers alike.
 
 Greedy verification keeps the output identical to target-only greedy decoding (in fp32 on the CPU: the same
 operations on the same numbers). How often an early exit agrees with the full model is what LayerSkip's training

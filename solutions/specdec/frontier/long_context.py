@@ -88,6 +88,22 @@ def crossover_batch(alpha: float, gamma: int, context: int, target: Decoder, dra
     ### END SOLUTION
 
 
+def rows_that_fit(target: Decoder, draft: Decoder, context: int, bytes_per_param: float, hbm_bytes: float) -> int:
+    """The most rows of ``context`` cached positions one GPU of ``hbm_bytes`` holds beside both models' weights: each
+    row keeps the target's cache and the draft's (its last ``window`` positions if bounded). 0 when not even one row
+    fits. The ledger's speedup at a larger batch describes a batch that cannot exist on that GPU.
+
+    Llama-3-8B in bf16 keeps 2 * 32 * 8 * 128 * 2 = 131,072 bytes per position: one 128k row is 16 GiB, batch 64 at
+    128k is 1 TiB, and an 80 GB H100 holds 3 such rows beside the 16 GB of weights."""
+    check_positive_int(context, "context")
+    check_positive_real(bytes_per_param, "bytes_per_param")
+    check_positive_real(hbm_bytes, "hbm_bytes")
+    free = hbm_bytes - (target.params + draft.params) * bytes_per_param
+    drafted = context if draft.window is None else min(context, draft.window)
+    per_row = context * target.kv_bytes + drafted * draft.kv_bytes
+    return max(0, int(free // per_row))
+
+
 def decoder_of(config: LlamaConfig, name: str, bytes_per_value: float = 4.0) -> Decoder:
     """The :class:`Decoder` of one of the course's Llamas (``LlamaConfig``): its parameter count, K and V bytes per
     cached position over all layers, and attention FLOPs per query token per cached position."""

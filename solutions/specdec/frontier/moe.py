@@ -1,6 +1,7 @@
 """Notebook 14, speculation on a mixture-of-experts target: verification reads the union of the experts it routes to.
 
-A decode step of one token reads the dense weights (attention, router, embeddings, shared experts) and the top_k
+A decode step of one token reads the dense weights (attention, router, LM head, shared experts; the input embedding
+gives one row per token) and the top_k
 experts its token routes to, in every layer. A verify step of n tokens reads the experts any of them routes to:
 with ``experts`` experts, ``top_k`` per token and independent uniform routing, an expert is missed by one token with
 probability 1 - top_k / experts, so n tokens touch experts * (1 - (1 - top_k / experts) ** n) per layer in
@@ -52,7 +53,8 @@ def experts_touched(routing: torch.Tensor) -> torch.Tensor:
 class MoEModel:
     """What one forward of a mixture-of-experts decoder reads and computes.
 
-    dense_params: weights every token uses (attention, router, norms, embeddings, LM head, shared experts);
+    dense_params: weights every token uses (attention, router, norms, LM head, shared experts; the input embedding
+    table only gives one row per token, so a step reads little of it);
     expert_params: one routed expert of one layer; layers: the layers with routed experts; active_params: the
     parameters one token uses (dense + top_k experts per layer), hence 2 * active_params FLOPs per token.
     """
