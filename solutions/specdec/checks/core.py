@@ -134,13 +134,25 @@ def _identical(now: Any, before: Any) -> bool:
     return now == before
 
 
+def _first_change(now: Any, then: Any) -> str:
+    """Where two same-shaped tensors first differ, as ' (first at [i, j]: a, now b)', or ''."""
+    if not (isinstance(now, torch.Tensor) and isinstance(then, torch.Tensor) and now.shape == then.shape):
+        return ""
+    differs = (now.detach().to(then.dtype) != then) & ~(now.detach().to(then.dtype).isnan() & then.isnan())
+    if not bool(differs.any()):
+        return f" (its dtype changed from {then.dtype} to {now.dtype})" if now.dtype != then.dtype else ""
+    at = tuple(int(i) for i in differs.nonzero()[0])
+    return f" (first at {list(at)}: {then[at].item()!r}, now {now[at].item()!r})"
+
+
 def expect_untouched(label: str, args: Sequence[Any], before: Sequence[Any]) -> None:
     """Fail when the learner's function changed an argument that :func:`snapshot_inputs` copied."""
     for i, (now, then) in enumerate(zip(args, before)):
         if then is not _NOT_DATA and not _identical(now, then):
-            raise CheckFailure(f"{label} changed its argument {i + 1} in place: it was {_short(then)}, afterwards "
-                               f"{_short(now)}. The caller still needs its data: work on a copy (list(x), x.clone()) "
-                               "and return a new value instead of changing the one you were given.")
+            raise CheckFailure(f"{label} changed its argument {i + 1} in place{_first_change(now, then)}: it was "
+                               f"{_short(then)}, afterwards {_short(now)}. The caller still needs its data: work on a "
+                               "copy (list(x), x.clone()) and return a new value instead of changing the one you were "
+                               "given.")
 
 
 def close(got: Any, expected: float, rel: float = 1e-9, abs_tol: float = 0.0) -> bool:
@@ -312,9 +324,11 @@ def compare_cases(
     rel: float = 1e-9,
     integer: bool = False,
     requires: Sequence[tuple[str, Callable[[Callable], None]]] = (),
+    plain: bool = False,
 ) -> int:
     """Run fn and reference on every case (description, args); fail on the first disagreement,
-    naming the input and, when a catalogued mistake reproduces every answer so far, its hint.
+    naming the input and, when a catalogued mistake reproduces every answer so far, its hint. ``plain``: the answer
+    must be a Python float or int (a Fraction or a Decimal is a number, but not the float the statement promises).
     Returns the number of cases checked."""
     name = reference.__name__  # the learner implements the function of the same name
     mistakes = for_exercise(name)
@@ -341,11 +355,16 @@ def compare_cases(
             kind = type(got).__name__ if type(got).__module__ == "builtins" else f"{type(got).__module__}.{type(got).__name__}"
             raise CheckFailure(f"{label} returned {fmt(got)} of type {kind}; return an int (a Python int: int(...) "
                                "around a numpy or torch number).")
+        if plain and not (isinstance(got, (int, float)) and not isinstance(got, bool)):
+            raise CheckFailure(f"{label} returned {got!r} of type {type(got).__module__}.{type(got).__qualname__}; "
+                               "return a Python float (float(...) around it).")
         history.append((args, got))
         if not close(got, expected, rel=rel):
             note = upstream_note(fn, requires)
             hint = "" if note else diagnose(mistakes, history, rel=rel)
-            if fmt(got) == fmt(expected):  # they differ past the digits shown: show them all
+            relative = (abs(float(got) - float(expected)) / max(abs(float(expected)), 1e-300)
+                        if isinstance(got, Real) and not isinstance(got, bool) else 1.0)
+            if fmt(got) == fmt(expected) or relative < 1e-5:  # they differ past the digits a person reads: say by how much
                 kind = type(got).__name__
                 kind = kind if type(got).__module__ == "builtins" else f"{type(got).__module__}.{kind}"
                 advice = "" if hint or note else (": compute in float64 (Python floats), not float32, and do not "

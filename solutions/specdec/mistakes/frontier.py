@@ -184,6 +184,45 @@ def _clamps_q_in_place(p, q, draft, generator=None):
     return block.block_verify(p, q, draft, generator)
 
 
+def _flops_from_bytes(model, rows, tokens_per_row, context, bpp, bw, fl):
+    cached = context if model.window is None else min(context, model.window)
+    read = model.params * bpp + rows * cached * model.kv_bytes
+    compute = rows * tokens_per_row * (model.params * bpp + model.attention_flops * cached)  # bytes, not 2 FLOPs
+    return max(read / bw, compute / fl)
+
+
+def _rounded_speedup(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+    rows = 1
+    while rows <= max_rows:
+        if round(long_context.speedup_at(alpha, gamma, rows, context, target, draft, bytes_per_param, bandwidth,
+                                         flops), 2) <= 1:
+            return rows
+        rows *= 2
+    return None
+
+
+def _capped_at_4096(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+    return long_context.crossover_batch(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops,
+                                        min(max_rows, 4096))
+
+
+def _one_shared_uniform(p, q, draft, generator=None):
+    w, h = block.block_weights(p, q, draft)
+    gamma = draft.shape[0]
+    u = torch.rand(1, generator=generator, dtype=torch.float64).expand(gamma)  # one coin for every position
+    kept = [i + 1 for i in range(gamma) if u[i] < h[i]]
+    tau = kept[-1] if kept else 0
+    last = p[gamma].to(torch.float64) if tau == gamma else block.block_residual(p[tau], q[tau],
+                                                                                float(w[tau - 1]) if tau else 1.0)
+    return torch.cat([draft[:tau].to(torch.long), torch.multinomial(last, 1, generator=generator)])
+
+
+def _reseeds_without_generator(p, q, draft, generator=None):
+    if generator is None:
+        generator = torch.Generator().manual_seed(torch.initial_seed())  # the same draws on every call
+    return block.block_verify(p, q, draft, generator)
+
+
 MISTAKES: list[Mistake] = [
     # expected_experts_touched
     Mistake("expected_experts_touched", "per_token_sum", lambda tokens, top_k, experts: float(tokens * top_k),
@@ -334,4 +373,17 @@ MISTAKES: list[Mistake] = [
             "global generator, which torch.manual_seed controls."),
     Mistake("block_verify", "clamps_q_in_place", _clamps_q_in_place,
             "Clamps q in place: the caller's tensor changes. Work on a copy (q.clamp(min=...)) if you need one."),
+    Mistake("step_seconds", "flops_from_bytes", _flops_from_bytes,
+            "Counts params x bytes_per_param as the FLOPs per token: a token does 2 FLOPs per parameter whatever the "
+            "weights' width (equal only in bf16)."),
+    Mistake("crossover_batch", "rounded_speedup", _rounded_speedup,
+            "Rounds the speedup before comparing it with 1: a speedup of 1.004 still pays."),
+    Mistake("crossover_batch", "capped_at_4096", _capped_at_4096,
+            "Searches only up to 4096 whatever max_rows: the search goes up to max_rows."),
+    Mistake("block_verify", "one_shared_uniform", _one_shared_uniform,
+            "Draws one uniform for every position: each position has its own, u_1..u_gamma independent, or tau's law "
+            "is not the one block verification's proof needs."),
+    Mistake("block_verify", "reseeds_without_generator", _reseeds_without_generator,
+            "Makes a generator from torch.initial_seed() when none is given: every call then starts from the same "
+            "seed. generator=None means torch's global generator, which goes on from call to call."),
 ]
