@@ -39,15 +39,16 @@ def test_environment_yml_installs_the_project_and_nothing_else():
     assert pip == [{"pip": [f'-e ".[{DEFAULT_EXTRAS}]"']}]
 
 
-# Every extra but "ui" (Playwright, for the maintainers' browser test, which make test-ui adds) and "pins" (uv, which
-# make check-pins adds).
-DEFAULT_EXTRAS = ",".join(sorted(set(PYPROJECT["project"]["optional-dependencies"]) - {"ui", "pins"}))
+# Every extra but "ui" (Playwright, for the maintainers' browser test, which make test-ui adds), "pins" (uv, which
+# make check-pins adds) and "hub" (JupyterHub, which make test-hub adds).
+DEFAULT_EXTRAS = ",".join(sorted(set(PYPROJECT["project"]["optional-dependencies"]) - {"ui", "pins", "hub"}))
 
 
 def test_makefile_installs_the_same_extras():
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert f'-e ".[{DEFAULT_EXTRAS}]"' in makefile
     assert f'-e ".[{DEFAULT_EXTRAS},ui]"' in makefile  # make test-ui: the same, plus Playwright
+    assert f'-e ".[{DEFAULT_EXTRAS},hub]"' in makefile  # make test-hub: the same, plus JupyterHub
 
 
 #: torch's own requirement on triton, as its wheels on the registry declare it (read with `make check-pins` and

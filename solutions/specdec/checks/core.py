@@ -364,7 +364,7 @@ def compare_cases(
             hint = "" if note else diagnose(mistakes, history, rel=rel)
             relative = (abs(float(got) - float(expected)) / max(abs(float(expected)), 1e-300)
                         if isinstance(got, Real) and not isinstance(got, bool) else 1.0)
-            if fmt(got) == fmt(expected) or relative < 1e-5:  # they differ past the digits a person reads: say by how much
+            if fmt(got) == fmt(expected) or (rel > 0 and relative < 1e-5):  # past the digits a person reads: say how far
                 kind = type(got).__name__
                 kind = kind if type(got).__module__ == "builtins" else f"{type(got).__module__}.{kind}"
                 advice = "" if hint or note else (": compute in float64 (Python floats), not float32, and do not "
