@@ -13,11 +13,13 @@ from specdec.checks.core import (
     CheckFailure,
     call,
     compare_cases,
+    describe_types,
     diagnose,
     expect_no_global_draws,
     expect_reproducible,
     expect_untouched,
     global_rng_state,
+    is_int_list,
     snapshot_inputs,
     uniforms_at_zero,
 )
@@ -43,7 +45,10 @@ def _union_cases() -> list[tuple[str, tuple]]:
     cases = [("tokens=5, top_k=2, experts=8", (5, 2, 8)), ("tokens=1, top_k=2, experts=8", (1, 2, 8)),
              ("tokens=9, top_k=8, experts=64", (9, 8, 64)), ("tokens=0, top_k=2, experts=8", (0, 2, 8)),
              ("tokens=3, top_k=8, experts=8", (3, 8, 8)), ("tokens=0, top_k=8, experts=8", (0, 8, 8)),
-             ("tokens=640, top_k=8, experts=256", (640, 8, 256))]
+             ("tokens=640, top_k=8, experts=256", (640, 8, 256)),
+             ("tokens=2, top_k=2, experts=8 (two tokens already share experts)", (2, 2, 8)),
+             ("tokens=3, top_k=3, experts=7", (3, 3, 7)), ("tokens=5, top_k=2, experts=60", (5, 2, 60)),
+             ("tokens=8, top_k=2, experts=8", (8, 2, 8)), ("tokens=11, top_k=6, experts=100", (11, 6, 100))]
     rng = random.Random(salted(_SEED))
     for _ in range(30):
         experts = rng.choice([4, 8, 16, 60, 64, 128, 256])
@@ -78,7 +83,12 @@ def check_experts_touched(fn: Callable) -> None:
         cases.append((f"random routing #{i}: {layers} layers, {tokens} tokens, top 2 of {experts}",
                       _routing(layers, tokens, 2, experts, rng, skew=rng.choice([0.0, 1.5]))))
     cases.append(("random routing #5 as int32 ids", cases[-1][1].to(torch.int32)))
-    cases += [("two layers and no tokens", torch.zeros(2, 0, 2, dtype=torch.int64)),
+    cases += [("one layer, one token routed to 4 experts (top 4)", torch.tensor([[[0, 1, 2, 3]]])),
+              ("3 layers, 6 tokens, top 1", torch.tensor([[[0], [0], [1], [0], [2], [1]], [[3], [3], [3], [3], [3], [3]],
+                                                          [[5], [4], [3], [2], [1], [0]]])),
+              ("two layers, tokens sharing experts, as a tensor that is not contiguous (a transposed view)",
+               cases[0][1].transpose(0, 1).contiguous().transpose(0, 1)),
+              ("two layers and no tokens", torch.zeros(2, 0, 2, dtype=torch.int64)),
               ("no layers", torch.zeros(0, 5, 2, dtype=torch.int64)),
               ("no tokens, int32 ids", torch.zeros(3, 0, 2, dtype=torch.int32))]
     history: list = []
@@ -164,6 +174,11 @@ def _kv_cases() -> list[tuple[str, tuple]]:
                           (model, rows, per_row, context, 2, bw, fl)))
     cases += [(f"{model.name}, rows=1, tokens_per_row=1, context=4096, bf16, 3.35 TB/s and 0.2 TFLOP/s (compute bound "
                "at one token)", (model, 1, 1, 4096, 2, bw, 2e11)) for model in (LLAMA_8B, LLAMA_1B_WINDOW)]
+    cases += [(f"{LLAMA_8B.name}, rows=1, tokens_per_row=5, context=512, {name} ({bpp} bytes per parameter), H100 "
+               "(memory bound: the weights' bytes are params x bytes_per_param)", (LLAMA_8B, 1, 5, 512, bpp, bw, fl))
+              for name, bpp in (("fp8", 1), ("fp32", 4))]
+    cases.append((f"{LLAMA_8B.name}, rows=4096, tokens_per_row=5, context=0, bf16, H100 (no cache, compute bound)",
+                  (LLAMA_8B, 4096, 5, 0, 2, bw, fl)))
     cases += [(f"{LLAMA_8B.name}, rows=64, tokens_per_row=5, context=2048, {name} ({bpp} bytes per parameter), "
                "3.35 TB/s and 0.2 TFLOP/s (compute bound: the FLOPs do not depend on the bytes)",
                (LLAMA_8B, 64, 5, 2048, bpp, bw, 2e11)) for name, bpp in (("fp8", 1), ("fp32", 4))]
@@ -294,6 +309,12 @@ def check_block_weights(fn: Callable) -> None:
             loose = p.dtype == torch.float32  # inputs with 7 digits: sums of them agree to about 1e-7
             if have.shape != want.shape or not torch.allclose(have.to(torch.float64), want, rtol=1e-5 if loose else 1e-9,
                                                               atol=1e-7 if loose else 1e-12):
+                if have.shape == want.shape and torch.allclose(have.to(torch.float64), want, rtol=1e-5, atol=1e-7):
+                    worst = float(((have.to(torch.float64) - want).abs() / want.abs().clamp_min(1e-300)).max())
+                    raise CheckFailure(f"{label}: {what} agrees with {[round(x, 6) for x in want.tolist()]} to 6 digits "
+                                       f"but differs by up to {worst:.1e} relatively (1e-9 allowed): compute the "
+                                       "ratios and sums in float64 from the start (p.double(), q.double()), not in "
+                                       "float32 then converted.")
                 raise CheckFailure(f"{label}: {what} should be {[round(x, 6) for x in want.tolist()]}, got "
                                    f"{[round(float(x), 6) for x in have.flatten().tolist()]}."
                                    f"{diagnose(for_exercise(name), history)}")
@@ -410,6 +431,9 @@ def check_layer_skip_generate(fn: Callable) -> None:
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"{label}: return (tokens, stats), got {got!r}.")
         tokens, stats = got
+        if not is_int_list(tokens):
+            raise CheckFailure(f"{label}: return the tokens as a list of Python ints, got {describe_types(tokens)} "
+                               "(int(...) around each argmax).")
         if tokens != want[0]:
             raise CheckFailure(f"{label}: the tokens should be target-only greedy decoding's {want[0]}, got {tokens}."
                                f"{hint}")
