@@ -88,6 +88,9 @@ def check_experts_touched(fn: Callable) -> None:
                                                           [[5], [4], [3], [2], [1], [0]]])),
               ("two layers, tokens sharing experts, as a tensor that is not contiguous (a transposed view)",
                cases[0][1].transpose(0, 1).contiguous().transpose(0, 1)),
+              ("ids beyond 63 and 255 (a 512-expert layer)", torch.tensor([[[64, 3], [300, 64], [256, 0]],
+                                                                           [[511, 255], [255, 511], [0, 1]]])),
+              ("ids above 2^24 (they are ids, not floats)", torch.tensor([[[2**24, 2**24 + 1], [2**24 + 1, 7]]])),
               ("two layers and no tokens", torch.zeros(2, 0, 2, dtype=torch.int64)),
               ("no layers", torch.zeros(0, 5, 2, dtype=torch.int64)),
               ("no tokens, int32 ids", torch.zeros(3, 0, 2, dtype=torch.int32))]
@@ -221,7 +224,15 @@ def check_crossover_batch(fn: Callable) -> None:
               (f"alpha=0.16, gamma=1, context=0, draft {LLAMA_1B.name} (a speedup of 1.005: it still pays, barely)",
                (0.16, 1, 0, LLAMA_8B, LLAMA_1B, 2, bw, fl)),
               (f"alpha=0.49, gamma=2, context=1024, draft {LLAMA_1B.name}, max_rows=65536 (beyond 4096)",
-               (0.49, 2, 1024, LLAMA_8B, LLAMA_1B, 2, bw, fl, 65536))]
+               (0.49, 2, 1024, LLAMA_8B, LLAMA_1B, 2, bw, fl, 65536)),
+              (f"alpha=0.1, gamma=4, context=524288, draft {LLAMA_1B.name}, max_rows=0 (no batch fits: none is tried, "
+               "though batch 1 would not pay)", (0.1, 4, 524288, LLAMA_8B, LLAMA_1B, 2, bw, fl, 0)),
+              (f"alpha=0.8, gamma=4, context=512, draft {LLAMA_1B.name}, fp32 weights (4 bytes per parameter)",
+               (0.8, 4, 512, LLAMA_8B, LLAMA_1B, 4, bw, fl)),
+              (f"alpha=0.8, gamma=4, context=512, draft {LLAMA_1B.name}, an A100 (2.0 TB/s, 312 TFLOP/s)",
+               (0.8, 4, 512, LLAMA_8B, LLAMA_1B, 2, 2.0e12, 312e12)),
+              (f"alpha=0.8, gamma=4, context=2048, draft {LLAMA_1B.name}, 1 TB/s and H100 FLOP/s",
+               (0.8, 4, 2048, LLAMA_8B, LLAMA_1B, 2, 1e12, fl))]
     rng = random.Random(salted(47))  # and inputs nobody can list in advance (a grading run salts the seed)
     for _ in range(6):
         alpha, gamma, context = round(rng.uniform(0.2, 0.97), 6), rng.randint(1, 8), rng.randint(256, 131072)
@@ -257,6 +268,11 @@ _MIDDLING = (_MIDDLING[0] / _MIDDLING[0].sum(-1, keepdim=True), _MIDDLING[1] / _
              _MIDDLING[2])
 
 
+#: One draft whose h is 0.625: the last token's draw must be a fresh one (reusing u_1 biases it when tau <= 1).
+_ONE_DRAFT = (torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64), torch.tensor([[0.8, 0.2]], dtype=torch.float64),
+              torch.tensor([0]))
+
+
 def _random_block(rng: torch.Generator, gamma: int, vocab: int, sharp: float) -> tuple:
     p = torch.softmax(torch.randn(gamma + 1, vocab, generator=rng, dtype=torch.float64) * sharp, -1)
     q = torch.softmax(torch.randn(gamma, vocab, generator=rng, dtype=torch.float64) * sharp, -1)
@@ -289,6 +305,9 @@ def check_block_weights(fn: Callable) -> None:
     p32, q32, d32 = cases[5][1]
     cases.append(("random block #1 given in float32", (p32.float(), q32.float(), d32)))
     cases.append(("a block with zeros in p and q, every h_i = 0", _NOTHING_KEPT))
+    cases.append(("a first draft that keeps a weight of 0.999 (h is 1 only where w is exactly 1)",
+                  (torch.tensor([[0.4995, 0.5005], [0.3, 0.7], [0.6, 0.4]], dtype=torch.float64),
+                   torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64), torch.tensor([0, 1]))))
     rng = torch.Generator().manual_seed(salted(48))  # and blocks nobody can list in advance (a grading run salts it)
     cases += [(f"a drawn block: gamma={gamma}, vocab={vocab}", _random_block(rng, gamma, vocab, sharp))
               for gamma, vocab, sharp in ((3, 5, 1.5), (5, 4, 2.0), (4, 7, 0.8))]
@@ -391,7 +410,8 @@ def check_block_verify(fn: Callable) -> None:
     paper's example and two random blocks; the same generator seed gives the same output."""
     name = "block_verify"
     cases = _block_cases()
-    picked = [cases[0], cases[4], cases[5], ("a block whose h are all near 1/2", _MIDDLING)]
+    picked = [cases[0], cases[4], cases[5], ("a block whose h are all near 1/2", _MIDDLING),
+              ("one draft kept with probability 0.625, p = (1/2, 1/2) at both positions", _ONE_DRAFT)]
     for description, (p, q, draft) in picked:
         label = f"{name}({description})"
         exact = {tokens: mass for tokens, mass in block.block_outcomes(p, q, draft).items() if mass > 0}
