@@ -72,17 +72,20 @@ def test_formgrader_renders_no_active_content_of_a_submission():
         {"cell_type": "markdown", "metadata": {"nbgrader": {"solution": True, "grade": True}},
          "source": "an <img src=x onerror=alert(1)> answer & more"},
         {"cell_type": "markdown", "metadata": {"nbgrader": {"locked": True}}, "source": "<b>the course's</b>"},
+        {"cell_type": "markdown", "metadata": {"nbgrader": {"locked": True}}, "source": "<script>steal()</script>"},
         {"cell_type": "code", "metadata": {}, "source": "", "outputs": [
             {"output_type": "display_data", "metadata": {"x": 1},
              "data": {"text/html": "<script>steal()</script>", "application/javascript": "steal()",
                       "text/plain": "<IPython.display>", "image/png": "iVBOR"}},
             {"output_type": "execute_result", "metadata": {}, "data": {"text/html": "<b>only html</b>"}}]}]}
-    cells = gradebook.inert_notebook(copy.deepcopy(nb))["cells"]
+    cells = gradebook.inert_notebook(copy.deepcopy(nb), frozenset({"<b>the course's</b>"}))["cells"]
     assert cells[0]["source"] == "an &lt;img src=x onerror=alert(1)&gt; answer &amp; more"
-    assert cells[1]["source"] == "<b>the course's</b>"  # the course's own cells render as written
-    assert cells[2]["outputs"][0]["data"] == {"text/plain": "<IPython.display>", "image/png": "iVBOR"}
-    assert cells[2]["outputs"][0]["metadata"] == {}
-    assert cells[2]["outputs"][1]["data"] == {"text/plain": ""}
+    assert cells[1]["source"] == "<b>the course's</b>"  # the course's own cells, word for word, render as written
+    assert cells[2]["source"] == "&lt;script&gt;steal()&lt;/script&gt;"  # "locked" set by the learner proves nothing
+    assert cells[3]["outputs"][0]["data"] == {"text/plain": "<IPython.display>", "image/png": "iVBOR"}
+    assert cells[3]["outputs"][0]["metadata"] == {}
+    assert cells[3]["outputs"][1]["data"] == {"text/plain": ""}
+    assert any("speculative" in text.lower() for text in gradebook.course_text("14_frontier"))
 
 
 def _raise_through_the_grader(error: BaseException) -> BaseException:

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import csv
 import datetime
+import functools
 import hashlib
 import html
 import json
@@ -123,12 +124,14 @@ def lateness(course: Path, slug: str, student: str) -> tuple[float, float]:
 _KEPT_DATA = ("text/plain", "image/png", "image/jpeg")
 
 
-def inert_notebook(nb: dict) -> dict:
+def inert_notebook(nb: dict, course_text: set[str]) -> dict:
     """The autograded notebook as formgrader may render it: rich outputs reduced to text and pictures, and the raw
-    HTML of the learner's markdown shown as text."""
+    HTML of every markdown cell shown as text unless the cell is, word for word, one of the course's own
+    (``course_text``: the released notebook's markdown). A cell's metadata proves nothing: the learner can set
+    ``locked`` on a cell of their own."""
     for cell in nb.get("cells", []):
-        if cell.get("cell_type") == "markdown" and not cell.get("metadata", {}).get("nbgrader", {}).get("locked"):
-            source = "".join(cell.get("source", ""))
+        source = "".join(cell.get("source", "")) if isinstance(cell.get("source"), (str, list)) else ""
+        if cell.get("cell_type") == "markdown" and source not in course_text:
             cell["source"] = source.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         for output in cell.get("outputs", []):
             data = output.get("data")
@@ -163,6 +166,15 @@ def with_rubrics(nb: dict, slug: str) -> dict:
                 f"**Rubric:** {question.rubric}")})
     nb["cells"] = cells
     return nb
+
+
+@functools.cache
+def course_text(slug: str) -> frozenset[str]:
+    """The markdown of the released notebook: the only markdown formgrader renders as HTML."""
+    from specdec.paths import NOTEBOOKS_DIR
+
+    nb = json.loads((NOTEBOOKS_DIR / f"{slug}.ipynb").read_text(encoding="utf-8"))
+    return frozenset("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
 
 
 def record(course: Path, subs: list, autograded_root: Path) -> list[str]:
@@ -210,7 +222,8 @@ def record(course: Path, subs: list, autograded_root: Path) -> list[str]:
             gb.db.commit()
             target = course / "autograded" / student / sub.assignment
             target.mkdir(parents=True, exist_ok=True)
-            nb = with_rubrics(inert_notebook(json.loads(source.read_text(encoding="utf-8"))), sub.assignment)
+            nb = with_rubrics(inert_notebook(json.loads(source.read_text(encoding="utf-8")), course_text(sub.assignment)),
+                              sub.assignment)
             (target / f"{sub.assignment}.ipynb").write_text(json.dumps(nb), encoding="utf-8")
             for name in ("timestamp.txt", "submission_secret.txt"):  # release_feedback pairs feedback with them
                 given = sub.path.parent / name
