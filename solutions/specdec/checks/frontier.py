@@ -232,7 +232,9 @@ def check_crossover_batch(fn: Callable) -> None:
               (f"alpha=0.8, gamma=4, context=512, draft {LLAMA_1B.name}, an A100 (2.0 TB/s, 312 TFLOP/s)",
                (0.8, 4, 512, LLAMA_8B, LLAMA_1B, 2, 2.0e12, 312e12)),
               (f"alpha=0.8, gamma=4, context=2048, draft {LLAMA_1B.name}, 1 TB/s and H100 FLOP/s",
-               (0.8, 4, 2048, LLAMA_8B, LLAMA_1B, 2, 1e12, fl))]
+               (0.8, 4, 2048, LLAMA_8B, LLAMA_1B, 2, 1e12, fl)),
+              (f"alpha=1, gamma=4, context=0, draft {LLAMA_1B.name} (every draft accepted, and still a compute-bound "
+               "verify step stops paying)", (1.0, 4, 0, LLAMA_8B, LLAMA_1B, 2, bw, fl))]
     rng = random.Random(salted(47))  # and inputs nobody can list in advance (a grading run salts the seed)
     for _ in range(6):
         alpha, gamma, context = round(rng.uniform(0.2, 0.97), 6), rng.randint(1, 8), rng.randint(256, 131072)
