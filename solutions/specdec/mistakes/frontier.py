@@ -162,10 +162,12 @@ def _kv_no_compute_for_one_token(model, rows, tokens_per_row, context, bpp, bw, 
     return long_context.step_seconds(model, rows, tokens_per_row, context, bpp, bw, fl)
 
 
-def _strictly_below_one(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
+def _first_power_of_two(stops, alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops,
+                        max_rows=4096):
+    """crossover_batch's search with a stopping rule of the learner's own: ``stops(speedup)``."""
     rows = 1
     while rows <= max_rows:
-        if long_context.speedup_at(alpha, gamma, rows, context, target, draft, bytes_per_param, bandwidth, flops) < 1:
+        if stops(long_context.speedup_at(alpha, gamma, rows, context, target, draft, bytes_per_param, bandwidth, flops)):
             return rows
         rows *= 2
     return None
@@ -189,16 +191,6 @@ def _flops_from_bytes(model, rows, tokens_per_row, context, bpp, bw, fl):
     read = model.params * bpp + rows * cached * model.kv_bytes
     compute = rows * tokens_per_row * (model.params * bpp + model.attention_flops * cached)  # bytes, not 2 FLOPs
     return max(read / bw, compute / fl)
-
-
-def _rounded_speedup(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
-    rows = 1
-    while rows <= max_rows:
-        if round(long_context.speedup_at(alpha, gamma, rows, context, target, draft, bytes_per_param, bandwidth,
-                                         flops), 2) <= 1:
-            return rows
-        rows *= 2
-    return None
 
 
 def _capped_at_4096(alpha, gamma, context, target, draft, bytes_per_param, bandwidth, flops, max_rows=4096):
@@ -360,7 +352,7 @@ MISTAKES: list[Mistake] = [
     Mistake("step_seconds", "no_compute_for_one_token", _kv_no_compute_for_one_token,
             "Skips the compute term for a single token: the roofline is the slower of reading and computing for "
             "every step, one token included."),
-    Mistake("crossover_batch", "strictly_below_one", _strictly_below_one,
+    Mistake("crossover_batch", "strictly_below_one", lambda *a: _first_power_of_two(lambda x: x < 1, *a),
             "Stops only when the speedup is below 1: 'no longer pays' includes a speedup of exactly 1 (<= 1)."),
     Mistake("block_verify", "keeps_at_equality", lambda *a: _block_sampler(*a, at_equal=True),
             "Keeps position i when u_i <= h_i: with h_i = 0 a uniform of exactly 0 keeps a prefix that may not be "
@@ -376,7 +368,7 @@ MISTAKES: list[Mistake] = [
     Mistake("step_seconds", "flops_from_bytes", _flops_from_bytes,
             "Counts params x bytes_per_param as the FLOPs per token: a token does 2 FLOPs per parameter whatever the "
             "weights' width (equal only in bf16)."),
-    Mistake("crossover_batch", "rounded_speedup", _rounded_speedup,
+    Mistake("crossover_batch", "rounded_speedup", lambda *a: _first_power_of_two(lambda x: round(x, 2) <= 1, *a),
             "Rounds the speedup before comparing it with 1: a speedup of 1.004 still pays."),
     Mistake("crossover_batch", "capped_at_4096", _capped_at_4096,
             "Searches only up to 4096 whatever max_rows: the search goes up to max_rows."),
