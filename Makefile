@@ -19,7 +19,7 @@ TORCH ?=
 TORCH_PIN := $(shell sed -n 's/^ *"\(torch==[^"]*\)",*$$/\1/p' pyproject.toml)
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-hub test-cluster release reset grade grade-cohort formgrader feedback totals student-edition drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
+.PHONY: help setup lab test test-cohort check-pins nbval test-ui test-hub test-cluster release reset grade grade-cohort formgrader feedback totals student-edition drill mock-interview models hf-models bench bench-notebook bench-serve bench-serve-notebook bench-frontier bench-frontier-notebook bench-parallel-state bench-parallel-state-notebook models-15 bench-drafters bench-drafters-notebook bench-eagle3 bench-eagle3-notebook heads bench-kernels gpu-check bench-cells bench-cohort clean distclean
 
 help:
 	@echo "make setup    create $(VENV)/ and install the course and its tools (every other target does it on first use);"
@@ -45,6 +45,7 @@ help:
 	@echo "make reset NB=05  start a notebook again from its blank version (yours is kept in notebooks/.backup/)"
 	@echo "make release  regenerate notebooks/ from grader/source/ (authors only)"
 	@echo "make models   train the target, the drafts and then the self-drafters (make heads) into data/models/ (about an hour on 2 cores)"
+	@echo "make models-15  train notebook 15's parallel drafter, hybrid target, target update and re-distilled draft (about 15 min on 2 cores)"
 	@echo "make heads    train notebook 12's Medusa heads and EAGLE drafter, and notebook 13's MTP- and EAGLE-3-style drafters, on the shipped target"
 	@echo "make hf-models  write the shipped checkpoints as Hugging Face folders in artifacts/hf/ (python -m specdec.bench --target artifacts/hf/target --draft artifacts/hf/draft)"
 	@echo "make bench    benchmark speculative decoding on data/models/ (not a test)"
@@ -53,6 +54,8 @@ help:
 	@echo "make bench-serve-notebook  re-measure notebook 11's copy into data/bench/nb11_serve.json: the crossover experiment (about 10 min) and the closed loop (about 17 min)"
 	@echo "make bench-frontier  notebook 14's measurements: the MoE target's routing, layer-skip acceptance by exit layer, forward costs by context (artifacts/frontier/; about 1 min)"
 	@echo "make bench-frontier-notebook  the same into data/bench/nb14_frontier.json, the copy notebook 14 will read"
+	@echo "make bench-parallel-state  notebook 15's measurements: parallel against autoregressive drafting by gamma, the hybrid's rollback strategies, acceptance before and after the target moves (artifacts/questions2026/)"
+	@echo "make bench-parallel-state-notebook  the same into data/bench/nb15_parallel_state_drift.json, the copy notebook 15 reads"
 	@echo "make bench-drafters  every proposer side by side on the target, code and math (notebook 12; artifacts/drafters/)"
 	@echo "make bench-drafters-notebook  re-measure notebook 12's copy into data/bench/nb12_drafters.json (about 3 min)"
 	@echo "make bench-eagle3  notebook 13's MTP-style and EAGLE-3-style drafters against EAGLE-1 (artifacts/drafters/eagle3.json; needs make heads)"
@@ -192,6 +195,10 @@ mock-interview: $(STAMP)
 models: $(STAMP)
 	$(BIN)/python -m specdec.models.train
 	$(BIN)/python -m specdec.drafters.train
+	$(BIN)/python -m specdec.questions2026.train
+
+models-15: $(STAMP)
+	$(BIN)/python -m specdec.questions2026.train
 
 heads: $(STAMP)
 	$(BIN)/python -m specdec.drafters.train
@@ -228,6 +235,12 @@ bench-frontier: $(STAMP)
 
 bench-frontier-notebook: $(STAMP)
 	$(BIN)/python -m specdec.bench.frontier --out data/bench/nb14_frontier.json
+
+bench-parallel-state: $(STAMP)
+	$(BIN)/python -m specdec.bench.questions2026
+
+bench-parallel-state-notebook: $(STAMP)
+	$(BIN)/python -m specdec.bench.questions2026 --out data/bench/nb15_parallel_state_drift.json
 
 bench-cohort: $(STAMP)
 	$(BIN)/python -m specdec.bench.cohort --copies 100 --workers 2

@@ -20,6 +20,7 @@ from specdec.checks import (
     lookup as lookup_checks,
     pitfalls as pitfall_checks,
     production as production_checks,
+    questions2026 as questions2026_checks,
     rejection as rejection_checks,
     serving as serving_checks,
     tree as tree_checks,
@@ -28,6 +29,8 @@ from specdec.drafters import dynamic_tree, eagle, medusa, memory
 from specdec.frontier import block, layerskip, long_context, moe
 from specdec.mistakes import catalogue, for_exercise
 from specdec.production import grammar, knobs, suffix
+from specdec.questions2026 import drift, hybrid, parallel
+from specdec.questions2026 import ledger as ledger15
 from specdec.serving import adaptive, blocks, commit, prefix_cache, scheduler
 
 # exercise (function name) -> (reference, how to run its check on one implementation)
@@ -115,6 +118,14 @@ RUN_CHECK = {
     "layer_skip_generate": (layerskip.layer_skip_generate, frontier_checks.check_layer_skip_generate),
     "block_weights": (block.block_weights, frontier_checks.check_block_weights),
     "block_verify": (block.block_verify, frontier_checks.check_block_verify),
+    "parallel_training_mask": (parallel.parallel_training_mask, questions2026_checks.check_parallel_training_mask),
+    "parallel_propose": (parallel.parallel_propose, questions2026_checks.check_parallel_propose),
+    "acceptance_by_position": (ledger15.acceptance_by_position, questions2026_checks.check_acceptance_by_position),
+    "best_gamma_by_position": (ledger15.best_gamma_by_position, questions2026_checks.check_best_gamma_by_position),
+    "select_states": (hybrid.select_states, questions2026_checks.check_select_states),
+    "hybrid_speculative_generate": (hybrid.hybrid_speculative_generate,
+                                    questions2026_checks.check_hybrid_speculative_generate),
+    "committed_logprobs": (drift.committed_logprobs, questions2026_checks.check_committed_logprobs),
 }
 MISTAKES = catalogue()
 

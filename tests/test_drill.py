@@ -15,7 +15,7 @@ from conftest import nbgrader_meta, read, source_path
 from specdec.checks import CheckFailure, drill
 from specdec.mistakes.drill import WRONG_ANSWERS, for_question
 
-SLUGS = ("12_self_drafting", "13_production", "14_frontier")
+SLUGS = ("12_self_drafting", "13_production", "14_frontier", "15_parallel_state_drift")
 NUMBERS = drill.numbers()
 CHOICES = drill.choices()
 

@@ -37,6 +37,7 @@ from specdec.mistakes import (
     lookup,
     pitfalls,
     production,
+    questions2026,
     rejection,
     serving,
     tree,
@@ -57,6 +58,7 @@ CATALOGUES = {
     "12_self_drafting": drafters.MISTAKES,
     "13_production": production.MISTAKES,
     "14_frontier": frontier.MISTAKES,
+    "15_parallel_state_drift": questions2026.MISTAKES,
 }
 
 

@@ -47,6 +47,7 @@ Layout
 - ``models/``: the small Llama and KV cache, tokenizer, corpus, toy models, checkpoints, training,
   model card, Hugging Face export and any pretrained model behind the same interface;
 - ``serving/``: notebook 11's continuous-batching engine; ``drafters/``: notebook 12's self-drafters;
+  ``frontier/``: notebook 14's; ``questions2026/``: notebook 15's (parallel drafting, hybrid targets, drift);
 - ``viz/``: plots and notebook 01's simulator; ``bench/``: every benchmark (``python -m specdec.bench``),
   its methods interleaved across repeats, with spreads and busy-machine warnings (``bench.timing``);
 - ``course/``: nbgrader driving, release, self-grading, cohort grading;
@@ -76,6 +77,8 @@ mistakes)::
     13  production         production.*, serving.prefix_cache,   production test_production,
                            drafters.eagle3, bench.production                test_alternatives_production
     14  frontier           frontier.*, bench.frontier            frontier   test_frontier
+    15  parallel, state,   questions2026.*, bench.questions2026  questions2026  test_questions2026
+        drift
 
 The pipeline (release in sync, every notebook runs, solutions score full marks, blank skeletons
 zero) is ``tests/test_notebooks.py``; grading is ``tests/test_grading.py`` and ``tests/test_cohort.py``.

@@ -1,4 +1,4 @@
-"""Hidden-test checks for the interview drills of notebooks 12, 13 and 14 (notebook 10's drill is in
+"""Hidden-test checks for the interview drills of notebooks 12, 13, 14 and 15 (notebook 10's drill is in
 ``specdec.checks.pitfalls``).
 
 A numeric question holds its exact answer, a relative tolerance that accepts correct rounding, and its
@@ -18,6 +18,7 @@ from specdec.metrics import alpha_from_rate
 from specdec.mistakes.drill import for_question
 from specdec.models.model import LlamaConfig
 from specdec.production.knobs import k_schedule
+from specdec.questions2026.ledger import best_gamma_by_position
 from specdec.tree import flatten_tree
 
 #: The grouped-query target of notebook 12's memory questions (weights and KV in 2 bytes per value).
@@ -68,6 +69,11 @@ def _mtp_tau(alphas: tuple[float, ...] = (0.88, 0.8, 0.7)) -> float:
         survive *= a
         tau += survive
     return tau
+
+
+def _parallel_gamma() -> int:
+    """Notebook 15's drill: the best gamma for a parallel drafter (one pass of 0.1 step, verify 1 + 0.05 gamma)."""
+    return best_gamma_by_position((0.9, 0.75, 0.6, 0.45, 0.3, 0.2), lambda g: 0.1, lambda g: 1 + 0.05 * g)[0]
 
 
 def _numbers() -> dict[str, Number]:
@@ -144,6 +150,20 @@ def _numbers() -> dict[str, Number]:
                                  "has w = (1/3, 1/9), h = (0, 1/9), E = 2/9; [0, 1] (3/16) h = (0, 1), E = 2; [1, 0] "
                                  "(3/16) h = (1, 1/3), E = 4/3; [1, 1] (1/16) E = 2. In all 9/16 x 2/9 + 3/16 x 2 + "
                                  "3/16 x 4/3 + 1/16 x 2 = 7/8, against 3/4 token-wise."),
+        # -- notebook 15 --------------------------------------------------------------------------------------
+        "PARALLEL_GAMMA": Number("15_parallel_state_drift", _parallel_gamma(), 0.0,
+                                 "Speedup(g) = E_g / (0.1 + 1 + 0.05 g) with E_g = 1 + 0.9 + 0.9 x 0.75 + ...: "
+                                 "1.652, 2.146, 2.384, 2.433, 2.383, 2.306 for gamma 1..6. Gamma 4: the fifth draft "
+                                 "adds 0.9 x 0.75 x 0.6 x 0.45 x 0.3 = 0.055 tokens but 0.05 steps of verification."),
+        "STATE_GB": Number("15_parallel_state_drift", 64 * 36 * 4 * 32 * 128 * 128 * 2 / 1e9, 0.005,
+                           "One state per fed position: gamma + 1 = 4 per row and layer, each 32 x 128 x 128 values "
+                           "of 2 bytes (1.05 MB). 64 rows x 36 layers x 4 x 1.05 MB = 9.66 GB."),
+        "TAU_AFTER_SHIFT": Number("15_parallel_state_drift", (1 - 0.6 ** 5) / 0.4, 0.005,
+                                  "E(alpha, gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha) = (1 - 0.6^5) / 0.4 = "
+                                  "2.306 tokens per round, down from 3.362 at alpha 0.8."),
+        "COD_TOKENS": Number("15_parallel_state_drift", 512 + sum(int(512 * max(0.7 ** i, 0.2)) for i in range(1, 8)),
+                             0.0, "512 real tokens plus 358 + 250 + 175 + 122 + 102 + 102 + 102 masks (the share "
+                             "stops falling at 0.2) = 1,723 tokens, against 512 x 8 = 4,096 with every chain kept."),
     }
 
 
@@ -157,6 +177,9 @@ CHOICES: dict[str, Choice] = {
     "ROLLOUT_TAIL": Choice("14_frontier", "c"),
     "DISAGG_STATE": Choice("14_frontier", "b"),
     "RELAXED_QUALITY": Choice("14_frontier", "c"),
+    "MASK_SEES": Choice("15_parallel_state_drift", "b"),
+    "WHICH_STATE": Choice("15_parallel_state_drift", "b"),
+    "STALE_DRAFTER": Choice("15_parallel_state_drift", "c"),
 }
 
 

@@ -20,6 +20,7 @@ from specdec.drill import (  # noqa: F401  (importing a template module register
     templates_kernels,
     templates_kv,
     templates_ledger,
+    templates_parallel_state,
     templates_pitfalls,
     templates_production,
     templates_serving,

@@ -24,7 +24,7 @@ NOTEBOOKS = {
     "01": "01_cost_ledger", "02": "02_greedy_verify", "03": "03_rejection_sampling", "04": "04_chain_verify",
     "05": "05_kv_cache_engine", "06": "06_prompt_lookup", "07": "07_tree_attention", "08": "08_gpu_kernels",
     "09": "09_benchmark", "10": "10_pitfalls_interview", "11": "11_serving", "12": "12_self_drafting",
-    "13": "13_production", "14": "14_frontier",
+    "13": "13_production", "14": "14_frontier", "15": "15_parallel_state_drift",
 }
 
 #: Topics a learner can pick with ``--topic``, and what each covers.
@@ -42,6 +42,8 @@ TOPICS = {
     "drafters": "what Medusa, EAGLE and EAGLE-2 cost in weights and KV",
     "production": "prefix caching, grammars, suffix decoding, K per batch size, CUDA-graph padding",
     "frontier": "MoE expert unions, the KV term at long context, self-speculation, block verification, ranks and rollouts",
+    "parallel": "parallel drafting's best gamma and training tokens, a hybrid's recurrent-state memory and rollback, "
+                "acceptance after the target moves",
 }
 
 LETTERS = "abcd"

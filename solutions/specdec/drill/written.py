@@ -1,6 +1,6 @@
 """Written interview questions, with their model answers and rubrics, read from the instructor notebooks.
 
-The course keeps one copy of each: the written-answer cells of notebooks 10, 12, 13 and 14 in ``grader/source/``
+The course keeps one copy of each: the written-answer cells of notebooks 10, 12, 13, 14 and 15 in ``grader/source/``
 (an nbgrader cell with ``grade: true, solution: true`` whose text holds "**Model answer.**" and "**Rubric
 (N point).**"; the question is the markdown cell just above it). This module parses them, so an edit to a notebook
 shows up in the drill, and adds where to revise each one.
@@ -32,6 +32,8 @@ REVISE = {
     "written_agent_drafting": Section("13_production", "3. Suffix decoding"),
     "written_moe_long_context": Section("14_frontier", "1. MoE targets: verification reads the union of experts"),
     "written_ranks_rollouts": Section("14_frontier", "5. Ranks, rollouts and disaggregation"),
+    "written_parallel_hybrid": Section("15_parallel_state_drift", "2. Targets with state: rolling back a recurrent layer"),
+    "written_rl_drafter": Section("15_parallel_state_drift", "3. A drafter across its target's life"),
 }
 
 

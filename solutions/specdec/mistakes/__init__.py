@@ -25,7 +25,7 @@ class Mistake:
 
 #: The modules of the catalogue, one per notebook.
 MODULES = ("ledger", "greedy", "rejection", "chain", "engine", "lookup", "tree", "kernels", "analysis", "pitfalls",
-           "serving", "drafters", "production", "frontier")
+           "serving", "drafters", "production", "frontier", "questions2026")
 
 
 #: The catalogue's modules that need Triton (notebook 08's kernels): left out where it is not installed (a Mac), so

@@ -1,4 +1,4 @@
-"""Known-wrong answers to the interview drills of notebooks 12, 13 and 14 (``specdec.checks.drill``).
+"""Known-wrong answers to the interview drills of notebooks 12, 13, 14 and 15 (``specdec.checks.drill``).
 
 A drill question is answered with a number or a letter, not a function, so its catalogued mistakes are
 values: each :class:`WrongAnswer` is an answer a learner plausibly gives and the slip that produces it.
@@ -153,6 +153,43 @@ WRONG_ANSWERS: tuple[WrongAnswer, ...] = (
     WrongAnswer("RELAXED_QUALITY", "b", "verification only stays exact with the rejection rule; accepting any "
                 "top-5 draft changes the output's distribution"),
     WrongAnswer("RELAXED_QUALITY", "d", "speedup says how fast, not how different the outputs are"),
+    # -- notebook 15: numbers --------------------------------------------------------------------------------
+    WrongAnswer("PARALLEL_GAMMA", 6, "more drafts are not free even in one pass: each adds 0.05 steps of "
+                "verification, and the fifth and sixth add fewer tokens than that"),
+    WrongAnswer("PARALLEL_GAMMA", 3, "that is where an autoregressive draft would stop; in one pass the fourth draft "
+                "still pays"),
+    WrongAnswer("STATE_GB", 64 * 36 * 3 * 32 * 128 * 128 * 2 / 1e9, "a verify pass feeds gamma + 1 positions (the "
+                "last committed token and 3 drafts): 4 states per row and layer"),
+    WrongAnswer("STATE_GB", 64 * 36 * 32 * 128 * 128 * 2 / 1e9, "one state per row and layer is the state without "
+                "speculation; keeping one per fed position multiplies it by gamma + 1"),
+    WrongAnswer("STATE_GB", 64 * 36 * 4 * 32 * 128 * 128 * 4 / 1e9, "bf16 is 2 bytes per value"),
+    WrongAnswer("TAU_AFTER_SHIFT", (1 - 0.8 ** 5) / 0.2, "that is the tau before the update, at alpha 0.8"),
+    WrongAnswer("TAU_AFTER_SHIFT", 0.6 * 4, "gamma x alpha counts every draft as if each were tried: a rejection "
+                "ends the round, and the round adds one token of the target's: (1 - alpha^(gamma+1)) / (1 - alpha)"),
+    WrongAnswer("TAU_AFTER_SHIFT", (1 - 0.6 ** 5) / 0.4 - 1, "accepted drafts, not tokens per round: a round also "
+                "commits the target's correction or bonus token"),
+    WrongAnswer("COD_TOKENS", 4096, "that keeps every chain: COD drops masks, keeping max(0.7^i, 0.2) of each block"),
+    WrongAnswer("COD_TOKENS", 512 + sum(int(512 * 0.7 ** i) for i in range(1, 8)), "the share kept stops falling at "
+                "0.2: blocks 5 to 7 keep 102 masks each"),
+    WrongAnswer("COD_TOKENS", sum(int(512 * max(0.7 ** i, 0.2)) for i in range(1, 8)), "the 512 real tokens are in "
+                "the sequence too"),
+    # -- notebook 15: choices --------------------------------------------------------------------------------
+    WrongAnswer("MASK_SEES", "a", "a plain causal mask over the sequence lets the mask see real tokens past its "
+                "anchor (the answers) and other chains' masks"),
+    WrongAnswer("MASK_SEES", "c", "real tokens 8 and 9 are what its chain predicts: at inference it sees the prefix "
+                "up to its anchor (9 - 2 = 7) and its chain's masks"),
+    WrongAnswer("MASK_SEES", "d", "at inference a mask follows the prefix and its chain's earlier masks; training "
+                "must show it the same context"),
+    WrongAnswer("WHICH_STATE", "a", "the state after the 4th draft has read drafts 3 and 4, which were rejected"),
+    WrongAnswer("WHICH_STATE", "c", "the correction token has not been fed yet: the next round feeds it, from the "
+                "state after the 2nd draft"),
+    WrongAnswer("WHICH_STATE", "d", "the state from before the round forgets the 3 committed positions unless "
+                "they are re-fed"),
+    WrongAnswer("STALE_DRAFTER", "a", "a drafter follows a moving target by re-distilling on its outputs: "
+                "regenerated data brings acceptance back"),
+    WrongAnswer("STALE_DRAFTER", "b", "exact-match verification still needs drafts, and it changes the output's "
+                "distribution at temperature > 0"),
+    WrongAnswer("STALE_DRAFTER", "d", "tokens per round, and so throughput, fall with acceptance"),
 )
 
 

@@ -76,7 +76,7 @@ target's own entropy), its held-out losses are ordinary next-byte cross-entropy.
 this folder; `--only draft_undistilled` trains the control. With the same seed, torch
 version and thread count, the weights come out the same.
 """
-    (folder / "README.md").write_text(card + heads_card(folder))
+    (folder / "README.md").write_text(card + heads_card(folder) + questions2026_card(folder))
 
 
 def heads_card(folder: Path) -> str:
@@ -123,4 +123,40 @@ decay.
 {chr(10).join(rows)}
 
 ![self-drafter training loss](heads_loss.png)
+"""
+
+
+def questions2026_card(folder: Path) -> str:
+    """The model card's section on notebook 15's models, from questions2026_log.json (empty if never trained)."""
+    path = folder / "questions2026_log.json"
+    if not path.exists():
+        return ""
+    log = json.loads(path.read_text())
+
+    def size(name: str) -> str:
+        file = folder / f"{name}.safetensors"
+        return f"{file.stat().st_size / 1e6:.2f} MB" if file.exists() else "not shipped"
+
+    what = {
+        "parallel_drafter": "the draft with a mask token (id 256), trained on COD layouts of 128-byte windows, chains "
+                            "to gamma 8, next-byte labels (target-independent, as PARD)",
+        "hybrid_target": "3 recurrent layers (gated linear attention, 4 heads of 32 x 64 state) then 1 attention layer, "
+                         "d_model 256, next-byte cross-entropy on 256-byte windows",
+        "target_update": "a rank-8 LoRA update of every projection of the target (scale 2), trained on shifted text "
+                         "(2-space code, reworded arithmetic answers) with the target frozen",
+        "draft_redistilled": "the draft trained again on the moved target's distributions over its own continuations "
+                             "of 384 shifted windows (64 bytes, continued for 128 at temperature 1)",
+    }
+    rows = [f"| {name} | {what.get(name, '')} | {e['steps']} | {e['train_seconds'] / 60:.1f} min on {e['threads']} "
+            f"threads | {e['final_train_loss']:.3f} | {size(name)} |" for name, e in log.items()]
+    return f"""
+## Notebook 15's models
+
+Trained by `make models-15` (`python -m specdec.questions2026.train`, about 15 minutes on 2 cores). AdamW with warm-up
+and cosine decay. The moved target is `target.safetensors` with `target_update.safetensors` merged
+(`specdec.questions2026.drift.moved_target`); only the update ships.
+
+| model | what | steps | time | final train loss (nats/byte) | file (bf16) |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
 """
