@@ -76,12 +76,15 @@ def forward_costs(target, draft, drafter, repeats: int = 30, context: int = 150)
 
 def parallel_report(target, draft, drafter, n_prompts: int, n_tokens: int, watch: LoadWatch) -> dict:
     """For each task and gamma: tau (tokens per round), rounds, acceptance by position and the wall-clock speedup
-    over target-only decoding of both proposers, from one interleaved run; and the ledger's prediction."""
+    over target-only decoding of both proposers, from one interleaved run; the costs the run itself measured (seconds
+    of drafting and of verification per round, of target-only decoding per token); and the ledger's best gamma from
+    those costs and the alphas measured at gamma 8, beside the measured best."""
     out = {"costs": forward_costs(target, draft, drafter)}
     for task in ("code", "math"):
         rows = {}
         base_s = 0.0
-        acc = {(kind, g): {"accepted": [], "proposed": [], "seconds": 0.0, "identical": True}
+        acc = {(kind, g): {"accepted": [], "proposed": [], "seconds": 0.0, "draft_s": 0.0, "verify_s": 0.0,
+                           "identical": True}
                for kind in ("autoregressive", "parallel") for g in GAMMAS}
         for prompt in prompts(task, n_prompts):
             want, seconds = _timed(target_only_generate, target, prompt, n_tokens)
@@ -95,8 +98,11 @@ def parallel_report(target, draft, drafter, n_prompts: int, n_tokens: int, watch
                     entry["accepted"] += stats["accepted"]
                     entry["proposed"] += stats["proposed"]
                     entry["seconds"] += seconds
+                    entry["draft_s"] += stats["draft_s"]
+                    entry["verify_s"] += stats["verify_s"]
                     entry["identical"] &= tokens == want
             watch.sample()
+        per_token = base_s / (n_prompts * n_tokens)
         for (kind, g), entry in acc.items():
             rounds = len(entry["accepted"])
             rows[f"{kind}_{g}"] = {
@@ -104,18 +110,20 @@ def parallel_report(target, draft, drafter, n_prompts: int, n_tokens: int, watch
                 "tau": round((sum(entry["accepted"]) + rounds) / rounds, 4),
                 "alphas": [None if math.isnan(a) else round(a, 4)
                            for a in ledger.acceptance_by_position(entry["accepted"], entry["proposed"])],
-                "speedup": round(base_s / entry["seconds"], 4), "identical_to_target": entry["identical"]}
-        costs = out["costs"]
+                "speedup": round(base_s / entry["seconds"], 4), "identical_to_target": entry["identical"],
+                "draft_ms_per_round": round(1e3 * entry["draft_s"] / rounds, 4),
+                "verify_ms_per_round": round(1e3 * (entry["seconds"] - entry["draft_s"]) / rounds, 4)}
         for kind in ("autoregressive", "parallel"):
             alphas = [a if a is not None else 0.0 for a in rows[f"{kind}_{max(GAMMAS)}"]["alphas"]]
-            draft_cost = ((lambda g: g * costs["draft_token_s"]) if kind == "autoregressive"
-                          else (lambda g: costs["parallel_s"][min(GAMMAS, key=lambda x: abs(x - g))]))
-            verify = lambda g: costs["verify_s"][min((0,) + GAMMAS, key=lambda x: abs(x - g))]
+            draft_cost = ledger.cost_from_measurements({g: rows[f"{kind}_{g}"]["draft_ms_per_round"] for g in GAMMAS})
+            verify = ledger.cost_from_measurements({0: 1e3 * per_token} | {g: rows[f"{kind}_{g}"]["verify_ms_per_round"]
+                                                           for g in GAMMAS})
             predicted = ledger.best_gamma_by_position(alphas, draft_cost, verify)
             measured = max(GAMMAS, key=lambda g: rows[f"{kind}_{g}"]["speedup"])
             rows[f"{kind}_best"] = {"predicted_gamma": predicted[0], "predicted_speedup": round(predicted[1], 4),
                                     "measured_gamma": measured,
                                     "measured_speedup": rows[f"{kind}_{measured}"]["speedup"]}
+        rows["target_only_ms_per_token"] = round(1e3 * per_token, 4)
         out[task] = rows
     return out
 

@@ -62,3 +62,21 @@ def best_gamma_by_position(alphas: Sequence[float], draft_cost: Callable[[int], 
             best = (g, speedup)
     return best
     ### END SOLUTION
+
+
+def cost_from_measurements(points: dict[int, float]) -> Callable[[int], float]:
+    """A cost function of gamma from costs measured at some gammas: linear between them, flat beyond the ends (for
+    :func:`best_gamma_by_position` when only some gammas were run)."""
+    if not points:
+        raise ValueError("need at least one measured (gamma, cost) point")
+    xs = sorted(points)
+
+    def cost(g: int) -> float:
+        if g <= xs[0]:
+            return points[xs[0]]
+        for a, b in zip(xs, xs[1:]):
+            if a <= g <= b:
+                return points[a] + (points[b] - points[a]) * (g - a) / (b - a)
+        return points[xs[-1]]
+
+    return cost
