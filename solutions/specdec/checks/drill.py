@@ -162,7 +162,7 @@ def _numbers() -> dict[str, Number]:
                                   "E(alpha, gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha) = (1 - 0.6^5) / 0.4 = "
                                   "2.306 tokens per round, down from 3.362 at alpha 0.8."),
         "COD_TOKENS": Number("15_parallel_state_drift", 512 + sum(int(512 * max(0.7 ** i, 0.2)) for i in range(1, 8)),
-                             0.0, "512 real tokens plus 358 + 250 + 175 + 122 + 102 + 102 + 102 masks (the share "
+                             0.005, "512 real tokens plus 358 + 250 + 175 + 122 + 102 + 102 + 102 masks (the share "
                              "stops falling at 0.2) = 1,723 tokens, against 512 x 8 = 4,096 with every chain kept."),
     }
 

@@ -49,7 +49,7 @@ def cod_tokens(rng: random.Random) -> Number:
         total,
         f"{length:,} real + " + " + ".join(map(str, blocks)) + f" masks = {show(total)}, against {length * k:,} with "
         "every chain kept.",
-        unit="tokens", rel=0.0)
+        unit="tokens", rel=0.005)
 
 
 @number("hybrid_state_gb", topic="parallel", notebook=NB, section=STATE)
