@@ -29,8 +29,7 @@ from specdec.drafters import dynamic_tree, eagle, medusa, memory
 from specdec.frontier import block, layerskip, long_context, moe
 from specdec.mistakes import catalogue, for_exercise
 from specdec.production import grammar, knobs, suffix
-from specdec.questions2026 import drift, hybrid, parallel
-from specdec.questions2026 import ledger as ledger15
+from specdec.questions2026 import drift, hybrid, ledger as ledger15, parallel
 from specdec.serving import adaptive, blocks, commit, prefix_cache, scheduler
 
 # exercise (function name) -> (reference, how to run its check on one implementation)

@@ -11,7 +11,6 @@ import torch
 from specdec.checks.questions2026 import hybrid_joint, tiny_drafter, tiny_hybrid
 from specdec.engine import target_only_generate
 from specdec.models.checkpoints import load, load_pair
-from specdec.models.model import KVCache
 from specdec.params import GREEDY, SamplingParams
 from specdec.paths import DATA_DIR
 from specdec.questions2026 import drift, hybrid, ledger, parallel

@@ -15,8 +15,15 @@ from functools import cache
 
 import torch
 
-from specdec.checks.core import (CheckFailure, call, call_recorded, compare_cases, diagnose, expect_reproducible,
-                                 expect_value_error, single_threaded)
+from specdec.checks.core import (
+    CheckFailure,
+    call,
+    call_recorded,
+    diagnose,
+    expect_reproducible,
+    expect_value_error,
+    single_threaded,
+)
 from specdec.checks.engine import expect_token_list
 from specdec.checks.seeds import salted
 from specdec.checks.stats import sample_and_compare
@@ -356,8 +363,10 @@ def _gamma_cases(seed: int):
         parallel_draft = bool(torch.rand((), generator=g) < 0.5)
         c = round(float(torch.rand((), generator=g)) * 0.3, 3)
         draft = Linear(c, round(c / 20, 4)) if parallel_draft else Autoregressive(c)
-        yield f"{n} random alphas, {'a parallel' if parallel_draft else 'an autoregressive'} draft", (
-            alphas, draft, Linear(round(float(torch.rand((), generator=g)) * 2 + 0.5, 3), round(float(torch.rand((), generator=g)) * 0.1, 3)))
+        base = round(float(torch.rand((), generator=g)) * 2 + 0.5, 3)
+        per_position = round(float(torch.rand((), generator=g)) * 0.1, 3)
+        yield (f"{n} random alphas, {'a parallel' if parallel_draft else 'an autoregressive'} draft",
+               (alphas, draft, Linear(base, per_position)))
 
 
 def check_best_gamma_by_position(fn: Callable) -> None:
@@ -475,7 +484,7 @@ def _check_hybrid_shipped(fn: Callable) -> None:
 
     target, draft = hybrid.load_hybrid(), load(DATA_DIR / "models" / "draft.safetensors")
     prompt = tokenizer.encode("    def close(self):\n        ")
-    label = f"hybrid_speculative_generate(the course's hybrid target and draft, a code prompt, n_tokens=40, gamma=4)"
+    label = "hybrid_speculative_generate(the course's hybrid target and draft, a code prompt, n_tokens=40, gamma=4)"
     want = hybrid.hybrid_target_only_generate(target, prompt, 40)
     got = expect_token_list(label, call(fn, label, target, draft, prompt, 40, 4, GREEDY, None), 40)
     if got != want:

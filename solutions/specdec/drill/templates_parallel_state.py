@@ -27,7 +27,8 @@ def parallel_best_gamma(rng: random.Random) -> Number:
             break
     gamma, _ = best_gamma_by_position(alphas, lambda g: one_pass, lambda g: 1 + per_position * g)
     return Number(
-        f"A parallel drafter's alphas by position are {', '.join(map(str, alphas))}. Its one pass costs {one_pass} "
+        f"A parallel drafter's alphas by position (alpha_k = P(draft k accepted | drafts 1..k-1 accepted)) are "
+        f"{', '.join(map(str, alphas))}. Its one pass costs {one_pass} "
         f"of a target step whatever gamma; verifying gamma + 1 positions costs 1 + {per_position} gamma steps. Which "
         "gamma (1 to 6) gives the highest speedup?",
         gamma,
@@ -59,8 +60,8 @@ def state_gb(rng: random.Random) -> Number:
     gb = rows * layers * (gamma + 1) * heads * dk * dk * 2 / 1e9
     return Number(
         f"A hybrid target has {layers} recurrent layers, each with {heads} heads of {dk} x {dk} state in bf16. It "
-        f"serves {rows} rows with gamma = {gamma}, keeping one state per fed position. How many GB (10^9 bytes) of "
-        "recurrent state do the verify steps hold?",
+        f"serves {rows} rows with gamma = {gamma}, keeping one state per fed position. How many GB (10^9 bytes) do those "
+        "per-position states take (count only them)?",
         gb,
         f"gamma + 1 = {gamma + 1} states per row and layer, each {heads} x {dk} x {dk} x 2 bytes = "
         f"{heads * dk * dk * 2 / 1e6:.3g} MB: {rows} x {layers} x {gamma + 1} x that = {show(gb)} GB (a checkpoint "

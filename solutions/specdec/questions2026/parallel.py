@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import torch
 
 from specdec.chain import verify_drafts
-from specdec.models.model import KVCache, Llama, LlamaConfig
 from specdec.engine import propose
+from specdec.models.model import KVCache, Llama, LlamaConfig
 from specdec.params import GREEDY, SamplingParams
 from specdec.sampling import sample
 from specdec.validate import check_positive_int

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specdec.models import corpus, tokenizer
+from specdec.models import tokenizer
 from specdec.models.cards import write_model_card
 from specdec.models.checkpoints import load, save
 from specdec.models.model import KVCache, Llama
@@ -93,13 +93,17 @@ def train_update(target: Llama, steps: int, batch_size: int = 16, seq_len: int =
     layers = drift.lora_layers(target)
     factors = {}
     for name, linear in layers.items():
-        factors[f"{name}.lora_A"] = torch.nn.Parameter(torch.randn(drift.LORA_RANK, linear.in_features) / math.sqrt(linear.in_features))
+        a = torch.randn(drift.LORA_RANK, linear.in_features) / math.sqrt(linear.in_features)
+        factors[f"{name}.lora_A"] = torch.nn.Parameter(a)
         factors[f"{name}.lora_B"] = torch.nn.Parameter(torch.zeros(linear.out_features, drift.LORA_RANK))
     for p in target.parameters():
         p.requires_grad_(False)
-    hooks = [linear.register_forward_hook(
-        lambda module, args, out, name=name: out + drift.LORA_SCALE * (args[0] @ factors[f"{name}.lora_A"].T) @ factors[f"{name}.lora_B"].T)
-        for name, linear in layers.items()]
+
+    def low_rank(module, args, out, name):  # W x + scale B A x
+        return out + drift.LORA_SCALE * (args[0] @ factors[f"{name}.lora_A"].T) @ factors[f"{name}.lora_B"].T
+
+    hooks = [linear.register_forward_hook(lambda module, args, out, name=name: low_rank(module, args, out, name))
+             for name, linear in layers.items()]
     params = list(factors.values())
     optimizer, schedule = _optimizer(params, lr, steps)
     optimizer.param_groups[0]["weight_decay"] = 0.0
