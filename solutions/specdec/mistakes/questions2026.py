@@ -67,7 +67,7 @@ MASK_MISTAKES = [
 
 
 def _propose(drafter, cache, feed, gamma, params=None, generator=None, *, masks=None, read=None, crop="feed",
-             full_vocab=False, argmax=False, raw=False):
+             full_vocab=False, argmax=False, raw=False, slice_after=False):
     from specdec.params import GREEDY
 
     params = params or GREEDY
@@ -82,8 +82,11 @@ def _propose(drafter, cache, feed, gamma, params=None, generator=None, *, masks=
         cache.crop(start)
     first = n - 1 if read is None else read(n)
     logits = logits[:, first : first + gamma]
-    logits = logits if full_vocab else logits[..., : mask_id(drafter)]
-    q = torch.softmax(logits.double(), -1) if raw else params.probs(logits)
+    if slice_after:
+        q = params.probs(logits)[..., : mask_id(drafter)]
+    else:
+        logits = logits if full_vocab else logits[..., : mask_id(drafter)]
+        q = torch.softmax(logits.double(), -1) if raw else params.probs(logits)
     drafts = q.argmax(-1) if argmax else sample(q, generator)
     return drafts, q
 
@@ -116,6 +119,9 @@ PROPOSE_MISTAKES = [
             "Crop to the length before the call plus n: the fed tokens are real and stay; only the masks go."),
     Mistake("parallel_propose", "mask_in_vocab", lambda *a: _propose(*a, full_vocab=True),
             "The mask is the drafter's last id and is never a draft: q covers ids 0..mask_id - 1."),
+    Mistake("parallel_propose", "probs_then_slice", lambda *a: _propose(*a, slice_after=True),
+            "Slice the logits to the real ids before params.probs: a distribution over all ids with the mask's column "
+            "dropped no longer sums to 1 (and is all zeros where the mask was the argmax)."),
     Mistake("parallel_propose", "argmax_when_sampling", lambda *a: _propose(*a, argmax=True),
             "At temperature > 0 draw each draft from its q; the argmax is right only when greedy, and verification "
             "is exact only when the drafts follow q."),
@@ -267,6 +273,29 @@ def _hybrid(target, draft, prompt, n_tokens, gamma, params=None, generator=None,
     return tokens[len(prompt) : len(prompt) + n_tokens]
 
 
+@torch.inference_mode()
+def _hybrid_prefill_all(target, draft, prompt, n_tokens, gamma, params=None, generator=None):
+    """Prefills every prompt token, then feeds the last one again as the first round's input."""
+    from specdec.params import GREEDY
+
+    params = params or GREEDY
+    cache, draft_cache = HybridCache(target.config), KVCache(draft.config)
+    target(torch.tensor([prompt]), cache)
+    draft(torch.tensor([prompt]), draft_cache)
+    tokens, pending = list(prompt), list(prompt[-1:])
+    while len(tokens) - len(prompt) < n_tokens:
+        P = len(tokens)
+        drafts, q = propose(draft, draft_cache, pending, gamma, params, generator)
+        logits, per_position = target(torch.tensor([tokens[-1:] + drafts]), cache, keep_states=True)
+        committed = verify_drafts(drafts, q, logits[0], params, generator)
+        cache.states = [s[:, len(committed) - 1] for s in per_position]
+        cache.kv.crop(cache.kv.length - (len(drafts) + 1) + len(committed))
+        draft_cache.crop(min(draft_cache.length, P + len(committed)))
+        tokens += committed
+        pending = [committed[-1]]
+    return tokens[len(prompt) : len(prompt) + n_tokens]
+
+
 def _greedy_verify_only(target, draft, prompt, n_tokens, gamma, params=None, generator=None):
     from specdec.params import GREEDY
 
@@ -282,6 +311,9 @@ HYBRID_MISTAKES = [
     Mistake("hybrid_speculative_generate", "state_before_round", lambda *a: _hybrid(*a, keep="before"),
             "Restoring the state from before the round forgets the tokens it committed: either keep the state after "
             "the last accepted draft, or restore and re-feed the last committed token and the accepted drafts."),
+    Mistake("hybrid_speculative_generate", "prefill_everything", _hybrid_prefill_all,
+            "The prefill takes every prompt token but the last: the last is the first round's input, which the "
+            "target then reads once, not twice."),
     Mistake("hybrid_speculative_generate", "greedy_always", _greedy_verify_only,
             "At temperature > 0 verify with the request's params: verify_drafts(drafts, q, logits, params, "
             "generator)."),
