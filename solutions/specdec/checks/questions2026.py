@@ -598,7 +598,7 @@ def check_committed_logprobs(fn: Callable) -> None:
                     raise CheckFailure(f"{label}: row {b}, committed token {j}: expected {float(w[j])!r}, got "
                                        f"{float(a[j])!r}: right to about 7 digits, then off, the mark of float32 "
                                        "arithmetic. Cast the logits to float64 before dividing by the temperature "
-                                       "and taking log_softmax.")
+                                       f"and taking log_softmax.{_explain(mistakes, history)}")
                 what = ("the raw distribution (temperature None): log_softmax(logits)" if args[3] is None else
                         f"the distribution after temperature {args[3]}: log_softmax(logits / {args[3]})")
                 raise CheckFailure(f"{label}: row {b}, committed token {j}: expected log-probability {float(w[j]):.6f}, "
