@@ -156,10 +156,11 @@ def test_shipped_eagle3_greedy_equals_target_only(shipped):
 
 
 def test_models_folder_stays_within_budget():
-    """Every shipped model together (with their cards and logs) within 40 MiB: notebook 14's issue set the budget
-    when its MoE target (7.5 MiB) joined the 30 MiB of the others."""
+    """Every shipped model together (with their cards and logs) within 50 MiB: notebook 14's issue set 40 MiB when its
+    MoE target (7.5 MiB) joined the 30 MiB of the others; notebook 15's (issue 54) set 50 MiB for its four (8.9 MiB:
+    a parallel drafter, a hybrid target, the target's low-rank update, a re-distilled draft)."""
     total = sum(p.stat().st_size for p in (DATA_DIR / "models").iterdir() if p.is_file())
-    assert total <= 40 * 2**20, f"data/models holds {total / 2**20:.2f} MiB; the budget is 40 MiB"
+    assert total <= 50 * 2**20, f"data/models holds {total / 2**20:.2f} MiB; the budget is 50 MiB"
 
 
 def test_save_load_round_trip_and_missing_file(tmp_path):
