@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import random
 
+from specdec.chain import expected_committed_length
 from specdec.drill.questions import Choice, Number, choice, number, show
 from specdec.ledger import expected_tokens_per_round
-from specdec.questions2026.ledger import best_gamma_by_position, expected_tokens
+from specdec.questions2026.ledger import best_gamma_by_position
 
 NB = "15_parallel_state_drift"
 PARALLEL = "1. Parallel drafting: gamma drafts in one forward"
@@ -21,7 +22,7 @@ def parallel_best_gamma(rng: random.Random) -> Number:
         first, drop = rng.choice([0.85, 0.9, 0.95]), rng.choice([0.1, 0.12, 0.15])
         alphas = tuple(round(max(first - drop * k, 0.05), 2) for k in range(6))
         one_pass, per_position = rng.choice([0.05, 0.1, 0.15]), rng.choice([0.02, 0.05, 0.08])
-        speedups = [expected_tokens(alphas[:g]) / (one_pass + 1 + per_position * g) for g in range(1, 7)]
+        speedups = [expected_committed_length(alphas[:g]) / (one_pass + 1 + per_position * g) for g in range(1, 7)]
         ranked = sorted(speedups, reverse=True)
         if ranked[0] - ranked[1] > 0.01:  # a clear best: no question decided by rounding
             break

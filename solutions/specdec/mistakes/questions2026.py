@@ -6,11 +6,10 @@ import math
 
 import torch
 
-from specdec.chain import verify_drafts
+from specdec.chain import expected_committed_length, verify_drafts
 from specdec.engine import propose, rollback
 from specdec.mistakes import Mistake
 from specdec.models.model import KVCache
-from specdec.questions2026 import ledger
 from specdec.questions2026.hybrid import HybridCache
 from specdec.questions2026.parallel import mask_id
 from specdec.sampling import sample
@@ -182,7 +181,7 @@ def _best(alphas, draft_cost, verify_cost, *, constant=False, free_draft=False, 
     best = (0, -math.inf)
     for g in range(1, len(alphas) + 1):
         rates = [alphas[0]] * g if constant else alphas[:g]
-        tokens = ledger.expected_tokens(rates) - (1 if no_bonus else 0)
+        tokens = expected_committed_length(rates) - (1 if no_bonus else 0)
         drafting = 0.0 if free_draft else (g * draft_cost(1) if per_token else draft_cost(g))
         verify = verify_cost(0) if verify_fixed else verify_cost(g)
         speedup = tokens * (1.0 if unscaled else verify_cost(0)) / (drafting + verify)

@@ -3,7 +3,8 @@
 alphas[k - 1] = P(draft k accepted | drafts 1..k-1 accepted), the per-position acceptance a proposer shows (a
 parallel drafter's falls faster with k than an autoregressive one's). A round of gamma drafts commits
 E_gamma = 1 + alpha_1 + alpha_1 alpha_2 + ... + alpha_1...alpha_gamma tokens in expectation, and costs
-draft(gamma) + verify(gamma); target-only decoding costs verify(0) per token.
+draft(gamma) + verify(gamma); target-only decoding costs verify(0) per token. E_gamma is notebook 04's
+``expected_committed_length``.
 """
 
 from __future__ import annotations
@@ -11,14 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-
-def expected_tokens(alphas: Sequence[float]) -> float:
-    """E_gamma for gamma = len(alphas): 1 + sum over k of the product of alphas[:k]."""
-    total, survive = 1.0, 1.0
-    for alpha in alphas:
-        survive *= alpha
-        total += survive
-    return total
+from specdec.chain import expected_committed_length
 
 
 def acceptance_by_position(accepted: Sequence[int], proposed: Sequence[int]) -> list[float]:
@@ -57,7 +51,7 @@ def best_gamma_by_position(alphas: Sequence[float], draft_cost: Callable[[int], 
     ### BEGIN SOLUTION
     best = (0, -math.inf)
     for g in range(1, len(alphas) + 1):
-        speedup = expected_tokens(alphas[:g]) * verify_cost(0) / (draft_cost(g) + verify_cost(g))
+        speedup = expected_committed_length(alphas[:g]) * verify_cost(0) / (draft_cost(g) + verify_cost(g))
         if speedup > best[1]:
             best = (g, speedup)
     return best
