@@ -575,8 +575,10 @@ def _check_hybrid_sampling(fn: Callable, n: int = 1500) -> None:
 
 def _logprob_cases(seed: int):
     g = torch.Generator().manual_seed(salted(seed))
-    for rows, T, V, temperature in ((1, 1, 5, None), (3, 4, 7, None), (4, 5, 6, 0.7), (2, 3, 9, 1.6), (3, 6, 4, 1.0)):
-        logits = torch.randn(rows, T, V, generator=g, dtype=torch.float32) * 3
+    cases = ((1, 1, 5, None, 3), (3, 4, 7, None, 3), (4, 5, 6, 0.7, 3), (2, 3, 9, 1.6, 3), (3, 6, 4, 1.0, 3),
+             (2, 3, 5, None, 400))  # the last: logit gaps of hundreds, where log(softmax) underflows to -inf
+    for rows, T, V, temperature, scale in cases:
+        logits = torch.randn(rows, T, V, generator=g, dtype=torch.float32) * scale
         n_committed = torch.randint(1, T + 1, (rows,), generator=g)
         if rows > 2:
             n_committed[0], n_committed[1] = 1, T
@@ -584,7 +586,8 @@ def _logprob_cases(seed: int):
         for b in range(rows):  # padding: any value, out of range in even rows, valid ids (0) in odd ones
             pad = torch.tensor([-1, V + 100])[torch.arange(T - int(n_committed[b])) % 2] if b % 2 == 0 else 0
             committed[b, int(n_committed[b]):] = pad
-        yield (f"{rows} row(s), T={T}, V={V}, temperature={temperature}, n_committed={n_committed.tolist()}",
+        yield (f"{rows} row(s), T={T}, V={V}, temperature={temperature}, logits of scale {scale}, "
+               f"n_committed={n_committed.tolist()}",
                (logits, committed, n_committed, temperature))
 
 

@@ -322,7 +322,7 @@ HYBRID_MISTAKES = [
 
 
 def _logprobs(logits, committed, n_committed, temperature=None, *, probs=False, multiply=False, shift=0,
-              single=False, raw_logits=False):
+              single=False, raw_logits=False, log_of_probs=False):
     out = []
     scale = 1.0 if temperature is None else temperature
     for b in range(logits.shape[0]):
@@ -330,6 +330,7 @@ def _logprobs(logits, committed, n_committed, temperature=None, *, probs=False, 
         x = logits[b].to(torch.float32 if single else torch.float64)
         x = x * scale if multiply else x / scale
         rows = x if raw_logits else (torch.softmax(x, -1) if probs else torch.log_softmax(x, -1))
+        rows = torch.softmax(x, -1).log() if log_of_probs else rows
         index = (torch.arange(n) + shift).clamp(0, logits.shape[1] - 1)
         out.append(rows[index].gather(-1, committed[b, :n].long()[:, None]).squeeze(-1).to(torch.float64))
     return out
@@ -348,6 +349,9 @@ LOGPROB_MISTAKES = [
     Mistake("committed_logprobs", "next_position", lambda *a: _logprobs(*a, shift=1),
             "Off by one: position j of the verify logits (the last committed token, then draft j) scores committed "
             "token j, the token after it."),
+    Mistake("committed_logprobs", "log_of_softmax", lambda *a: _logprobs(*a, log_of_probs=True),
+            "The log of a softmax underflows: a token a few hundred logits below the best has probability 0 in "
+            "float64 and log-probability -inf. Take log_softmax, which subtracts the log-sum-exp and stays finite."),
     Mistake("committed_logprobs", "float32", lambda *a: _logprobs(*a, single=True),
             "Computed in float32: the statement asks for float64 (an RL ratio exp(new - old) amplifies rounding)."),
 ]
