@@ -137,12 +137,14 @@ def hybrid_report(target_h, draft, n_prompts: int, n_tokens: int, gamma: int, wa
                                 "checkpoint": hybrid.recurrent_state_bytes(config, 1, gamma, 4, per_position=False)}}
     for task in ("code", "math"):
         totals = {"target_only_s": 0.0, "per_position_s": 0.0, "recompute_s": 0.0, "refed": 0, "tokens": 0,
-                  "identical": True}
+                  "rounds": 0, "identical": True}
         forwards = []
         hook = target_h.register_forward_hook(lambda *a: forwards.append(1))
         for prompt in prompts(task, n_prompts):
             want, s0 = _timed(hybrid.hybrid_target_only_generate, target_h, prompt, n_tokens)
+            forwards.clear()
             got, s1 = _timed(hybrid.hybrid_speculative_generate, target_h, draft, prompt, n_tokens, gamma)
+            totals["rounds"] += len(forwards) - (len(prompt) > 1)  # its target forwards, less the prefill
             (again, refed), s2 = _timed(hybrid.hybrid_speculative_generate_recomputing, target_h, draft, prompt,
                                         n_tokens, gamma)
             totals["target_only_s"] += s0
@@ -151,9 +153,6 @@ def hybrid_report(target_h, draft, n_prompts: int, n_tokens: int, gamma: int, wa
             totals["refed"] += refed
             totals["tokens"] += n_tokens
             totals["identical"] &= got == want == again
-            forwards.clear()
-            hybrid.hybrid_speculative_generate(target_h, draft, prompt, n_tokens, gamma)
-            totals["rounds"] = totals.get("rounds", 0) + len(forwards) - (len(prompt) > 1)  # less the prefill
             watch.sample()
         hook.remove()
         out[task] = {"speedup_per_position": round(totals["target_only_s"] / totals["per_position_s"], 4),
